@@ -1,0 +1,472 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief Private. The machinery every element-wise optimizer shares: parameter groups, gradient
+/// checks, per-parameter state, learning-rate changes and state dictionaries. An Algorithm policy
+/// (impl::SgdAlgorithm, impl::AdamAlgorithm, ...) supplies the options, state fields and kernel.
+#ifndef LATHER_IMPL_DIAGONAL_OPTIMIZER_HPP
+#define LATHER_IMPL_DIAGONAL_OPTIMIZER_HPP
+
+#include <lather/concepts/execution.hpp>
+#include <lather/concepts/tensor.hpp>
+#include <lather/error.hpp>
+#include <lather/impl/option_check.hpp>
+#include <lather/io/state_dict.hpp>
+#include <lather/optimizers/param_group.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <cstdint>
+#include <ranges>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace lather::impl {
+
+/// Per-parameter state: the step count and the algorithm's named buffers (flat, row-major over
+/// the parameter's logical shape). A buffer is "present" once it holds state (torch creates some
+/// buffers lazily, e.g. SGD's momentum buffer is a copy of the first direction).
+template <class T, class MemorySpace, std::size_t NumFields>
+struct DiagonalParamState {
+  std::int64_t step = 0;
+  std::array<Kokkos::View<T*, MemorySpace>, NumFields> fields{};
+  std::array<bool, NumFields> present{};
+};
+
+/// Visits an Options struct's fields as (name, double|bool|std::array<double, N>) for state dicts.
+template <class Options, class F>
+void visit_options(Options& o, F&& f) {
+  Options::visit_fields(o, f);
+}
+
+template <class Param, class ExecSpace, class Algorithm>
+class DiagonalOptimizer {
+  static_assert(check_valid_tensor_traits<Param>());
+  using traits = traits_of<Param>;
+
+ public:
+  using param_type = Param;
+  using execution_space = ExecSpace;
+  using value_type = typename traits::value_type;
+  using memory_space = typename traits::memory_space;
+  using options_type = typename Algorithm::options_type;
+  using group_type = ParamGroup<Param, options_type>;
+  using tensor_type = TensorRef<value_type, memory_space>;
+  static constexpr std::size_t num_fields = Algorithm::field_names.size();
+  using state_type = DiagonalParamState<value_type, memory_space, num_fields>;
+
+  static_assert(std::is_same_v<value_type, float> || std::is_same_v<value_type, double>,
+                "lather: optimizer parameters must be float or double tensors");
+  static_assert(!std::is_const_v<typename traits::element_type>,
+                "lather: parameters must be writable (got a tensor of const elements)");
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, memory_space>::accessible,
+                "lather: the execution space cannot access the parameters' memory space");
+
+  /// One group of parameters with shared options.
+  explicit DiagonalOptimizer(std::span<Param> params, options_type options = {},
+                             std::vector<std::string> names = {})
+      : DiagonalOptimizer(std::vector<group_type>{group_type{params, options, std::move(names)}}) {}
+
+  /// Several parameter groups, each with its own options.
+  explicit DiagonalOptimizer(std::vector<group_type> groups) {
+    LATHER_THROW_IF(groups.empty(), "lather::", Algorithm::name,
+                    ": no parameter groups given; pass at least one parameter");
+    std::size_t total = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      Algorithm::validate(groups[g].options, group_check(g));
+      LATHER_THROW_IF(groups[g].params.empty(), "lather::", Algorithm::name, ": parameter group ",
+                      g, " is empty; every group needs at least one parameter");
+      LATHER_THROW_IF(!groups[g].names.empty() && groups[g].names.size() != groups[g].params.size(),
+                      "lather::", Algorithm::name, ": parameter group ", g, " has ",
+                      groups[g].params.size(), " parameters but ", groups[g].names.size(),
+                      " names; give one name per parameter or none");
+      total += groups[g].params.size();
+    }
+    m_params.reserve(total);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      m_group_options.push_back(groups[g].options);
+      m_group_begin.push_back(m_params.size());
+      for (std::size_t k = 0; k < groups[g].params.size(); ++k) {
+        const std::size_t index = m_params.size();
+        m_names.push_back(groups[g].names.empty() ? std::string() : groups[g].names[k]);
+        tensor_type ref = tensor_ref(groups[g].params[k]);
+        LATHER_THROW_IF(ref.data() == nullptr && ref.size() > 0, "lather::", Algorithm::name, ": ",
+                        describe(index), " has no data (null pointer)");
+        for (std::size_t j = 0; j < index; ++j)
+          LATHER_THROW_IF(ref.size() > 0 && m_params[j].data() == ref.data(), "lather::",
+                          Algorithm::name, ": ", describe(index), " and ", describe(j),
+                          " share memory; each parameter may appear only once");
+        m_params.push_back(ref);
+        m_group_of.push_back(g);
+      }
+    }
+    m_group_begin.push_back(m_params.size());
+    m_states.resize(m_params.size());
+    for (std::size_t i = 0; i < m_params.size(); ++i) allocate_needed(i);
+  }
+
+  // ---- the step ------------------------------------------------------------------------------
+
+  /// \brief Applies one step with `grads` (one per parameter, in group order) on `space`.
+  ///
+  /// A gradient with no data (a default-constructed tensor) means "no gradient this step": that
+  /// parameter and its state are left untouched, as torch does for `grad is None`.
+  /// Every gradient is checked before anything is modified; on an error nothing changes.
+  /// Synchronization: asynchronous with respect to the host; kernels are queued on `space`.
+  template <std::ranges::random_access_range Grads>
+    requires concepts::Tensor<std::ranges::range_value_t<Grads>>
+  void step(const ExecSpace& space, const Grads& grads) {
+    Kokkos::Profiling::pushRegion(std::string("lather::") + Algorithm::name + "::step");
+    using G = std::ranges::range_value_t<Grads>;
+    using gtraits = traits_of<G>;
+    static_assert(std::is_same_v<typename gtraits::value_type, value_type>,
+                  "lather: gradient value_type must equal the parameters' value_type");
+    static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename gtraits::memory_space>::accessible,
+                  "lather: the execution space cannot access the gradients' memory space");
+    const std::size_t n = std::ranges::size(grads);
+    LATHER_THROW_IF(n != m_params.size(), "lather::", Algorithm::name, "::step: got ", n,
+                    " gradients for ", m_params.size(), " parameters; pass one per parameter (an "
+                    "empty tensor for a parameter without a gradient)");
+    std::vector<TensorRef<const value_type, memory_space>> g(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto r = tensor_ref(grads[i]);
+      // Re-tagged with the parameters' memory space: both are accessible from ExecSpace.
+      g[i] = TensorRef<const value_type, memory_space>(r.data(), shape_of(r), strides_of(r));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!has_gradient(g[i], m_params[i])) continue;
+      LATHER_THROW_IF(!g[i].same_shape(m_params[i]), "lather::", Algorithm::name, "::step: ",
+                      describe(i), " has shape ", m_params[i].shape_string(),
+                      " but its gradient has shape ", g[i].shape_string(),
+                      "; pass gradients in parameter order with matching shapes");
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
+      const options_type& o = m_group_options[m_group_of[i]];
+      allocate_needed(i);
+      state_type& s = m_states[i];
+      s.step += 1;
+      Algorithm::template update<ExecSpace>(space, o, s, m_params[i], g[i]);
+    }
+    Kokkos::Profiling::popRegion();
+  }
+
+  /// step() on a default-constructed instance of the execution space.
+  template <std::ranges::random_access_range Grads>
+    requires concepts::Tensor<std::ranges::range_value_t<Grads>>
+  void step(const Grads& grads) {
+    step(ExecSpace(), grads);
+  }
+
+  // ---- options -------------------------------------------------------------------------------
+
+  [[nodiscard]] std::size_t num_groups() const noexcept { return m_group_options.size(); }
+  [[nodiscard]] std::size_t num_params() const noexcept { return m_params.size(); }
+  /// Options of group `g` (read-only; change them with set_options or set_lr).
+  [[nodiscard]] const options_type& options(std::size_t g = 0) const {
+    check_group(g);
+    return m_group_options[g];
+  }
+  /// Replaces group `g`'s options after validating them (nothing changes if they are invalid).
+  void set_options(std::size_t g, const options_type& o) {
+    check_group(g);
+    Algorithm::validate(o, group_check(g));
+    m_group_options[g] = o;
+  }
+  /// Sets the learning rate of every group (what a scheduler does between steps).
+  void set_lr(double lr) {
+    for (std::size_t g = 0; g < num_groups(); ++g) {
+      options_type o = m_group_options[g];
+      o.lr = lr;
+      Algorithm::validate(o, group_check(g));
+    }
+    for (auto& o : m_group_options) o.lr = lr;
+  }
+  /// Sets the learning rate of group `g`.
+  void set_lr(std::size_t g, double lr) {
+    check_group(g);
+    options_type o = m_group_options[g];
+    o.lr = lr;
+    set_options(g, o);
+  }
+
+  // ---- inspection ----------------------------------------------------------------------------
+
+  /// The parameter with flat index `i` (groups in order).
+  [[nodiscard]] const tensor_type& param(std::size_t i) const {
+    check_param(i);
+    return m_params[i];
+  }
+  /// The user-given name of parameter `i`, or "" when none was given.
+  [[nodiscard]] const std::string& param_name(std::size_t i) const {
+    check_param(i);
+    return m_names[i];
+  }
+  /// Steps taken by parameter `i` (steps where it had a gradient).
+  [[nodiscard]] std::int64_t step_count(std::size_t i) const {
+    check_param(i);
+    return m_states[i].step;
+  }
+  /// The names of this optimizer's per-parameter state buffers, e.g. {"exp_avg", "exp_avg_sq"}.
+  [[nodiscard]] static constexpr auto state_names() { return Algorithm::field_names; }
+  /// State buffer `name` of parameter `i`: flat, row-major over the parameter's shape. Empty when
+  /// the buffer does not hold state yet (e.g. SGD's momentum buffer before the first step).
+  [[nodiscard]] Kokkos::View<value_type*, memory_space> state(std::size_t i,
+                                                              const std::string& name) const {
+    check_param(i);
+    const std::size_t f = field_index(name);
+    LATHER_THROW_IF(f == num_fields, "lather::", Algorithm::name, ": no state buffer '", name,
+                    "'; this optimizer has ", field_list());
+    return m_states[i].present[f] ? m_states[i].fields[f] : Kokkos::View<value_type*, memory_space>();
+  }
+
+  // ---- state dictionaries --------------------------------------------------------------------
+
+  /// \brief The complete state (per-parameter buffers and step counts, and every group's
+  /// options) copied to host memory. Fences the default instance of the memory space's
+  /// execution space (Kokkos::deep_copy).
+  [[nodiscard]] StateDict state_dict() const {
+    StateDict d;
+    d.format = format_name();
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const std::string key = "state." + std::to_string(i) + ".";
+      d.tensors[key + "step"] = StateTensor{{}, std::vector<std::int64_t>{m_states[i].step}};
+      for (std::size_t f = 0; f < num_fields; ++f) {
+        if (!m_states[i].present[f]) continue;
+        std::vector<value_type> host(static_cast<std::size_t>(m_params[i].size()));
+        Kokkos::View<value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
+            host.data(), host.size());
+        Kokkos::deep_copy(h, m_states[i].fields[f]);
+        d.tensors[key + Algorithm::field_names[f]] = StateTensor{shape_of(m_params[i]), std::move(host)};
+      }
+    }
+    for (std::size_t g = 0; g < num_groups(); ++g) {
+      const std::string key = "param_groups." + std::to_string(g) + ".";
+      d.tensors[key + "num_params"] = StateTensor{
+          {}, std::vector<std::int64_t>{static_cast<std::int64_t>(m_group_begin[g + 1] - m_group_begin[g])}};
+      options_type o = m_group_options[g];
+      visit_options(o, [&](const char* name, auto& v) {
+        d.tensors[key + name] = option_to_tensor(v);
+      });
+    }
+    return d;
+  }
+
+  /// \brief Restores state saved by state_dict() of an optimizer over parameters of the same
+  /// shapes and groups. Every entry is checked first (format, names, dtypes, shapes, option
+  /// values); on any error nothing changes. Fences like state_dict().
+  void load_state_dict(const StateDict& d) {
+    LATHER_THROW_IF(d.format != format_name(), "lather::", Algorithm::name,
+                    "::load_state_dict: the dictionary is a '", d.format, "' state, expected '",
+                    format_name(), "'");
+    // Pass 1: check everything and build the new options; nothing is modified.
+    std::vector<options_type> new_options = m_group_options;
+    std::size_t expected_entries = 0;
+    for (std::size_t g = 0; g < num_groups(); ++g) {
+      const std::string key = "param_groups." + std::to_string(g) + ".";
+      const StateTensor& np = entry(d, key + "num_params");
+      const std::int64_t want = static_cast<std::int64_t>(m_group_begin[g + 1] - m_group_begin[g]);
+      LATHER_THROW_IF(!holds_scalar<std::int64_t>(np) ||
+                          std::get<std::vector<std::int64_t>>(np.values)[0] != want,
+                      "lather::", Algorithm::name, "::load_state_dict: parameter group ", g,
+                      " has a different number of parameters in the dictionary (expected ", want,
+                      ")");
+      ++expected_entries;
+      visit_options(new_options[g], [&](const char* name, auto& v) {
+        option_from_tensor(entry(d, key + name), key + name, v);
+        ++expected_entries;
+      });
+      Algorithm::validate(new_options[g], OptionCheck(Algorithm::name, concat(
+          "load_state_dict: parameter group ", g)));
+    }
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const std::string key = "state." + std::to_string(i) + ".";
+      const StateTensor& st = entry(d, key + "step");
+      LATHER_THROW_IF(!holds_scalar<std::int64_t>(st) ||
+                          std::get<std::vector<std::int64_t>>(st.values)[0] < 0,
+                      "lather::", Algorithm::name, "::load_state_dict: '", key,
+                      "step' must be a non-negative int64 scalar");
+      ++expected_entries;
+      for (std::size_t f = 0; f < num_fields; ++f) {
+        auto it = d.tensors.find(key + Algorithm::field_names[f]);
+        if (it == d.tensors.end()) continue;
+        ++expected_entries;
+        const StateTensor& t = it->second;
+        LATHER_THROW_IF(!std::holds_alternative<std::vector<value_type>>(t.values), "lather::",
+                        Algorithm::name, "::load_state_dict: '", it->first, "' is ", t.dtype(),
+                        " but ", describe(i), " is ", dtype_name());
+        LATHER_THROW_IF(t.shape != shape_of(m_params[i]) ||
+                            t.stored_size() != static_cast<std::size_t>(m_params[i].size()),
+                        "lather::", Algorithm::name, "::load_state_dict: '", it->first,
+                        "' does not match the shape ", m_params[i].shape_string(), " of ",
+                        describe(i));
+      }
+    }
+    if (d.tensors.size() != expected_entries) {
+      for (const auto& [name, t] : d.tensors) {
+        LATHER_THROW_IF(!known_entry(name), "lather::", Algorithm::name,
+                        "::load_state_dict: unknown entry '", name,
+                        "' (saved from different parameters or a different optimizer?)");
+      }
+    }
+    // Pass 2: apply.
+    m_group_options = std::move(new_options);
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const std::string key = "state." + std::to_string(i) + ".";
+      m_states[i].step = std::get<std::vector<std::int64_t>>(d.tensors.at(key + "step").values)[0];
+      for (std::size_t f = 0; f < num_fields; ++f) {
+        auto it = d.tensors.find(key + Algorithm::field_names[f]);
+        if (it == d.tensors.end()) {
+          m_states[i].present[f] = false;
+          continue;
+        }
+        ensure_allocated(i, f);
+        const auto& host = std::get<std::vector<value_type>>(it->second.values);
+        Kokkos::View<const value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
+            host.data(), host.size());
+        Kokkos::deep_copy(m_states[i].fields[f], h);
+        m_states[i].present[f] = true;
+      }
+    }
+  }
+
+ protected:
+  /// "parameter 3 ('fc.bias') in group 1", for messages.
+  [[nodiscard]] std::string describe(std::size_t i) const {
+    std::string s = "parameter " + std::to_string(i);
+    if (i < m_names.size() && !m_names[i].empty()) s += " ('" + m_names[i] + "')";
+    if (i < m_group_of.size() && m_group_begin.size() > 2) s += " in group " + std::to_string(m_group_of[i]);
+    return s;
+  }
+
+ private:
+  // A gradient without data stands for torch's `grad is None` (a zero-size parameter needs none).
+  template <class R>
+  static bool has_gradient(const R& g, const tensor_type& p) {
+    return g.data() != nullptr || p.size() == 0;
+  }
+  template <class R>
+  static std::vector<std::int64_t> shape_of(const R& r) {
+    std::vector<std::int64_t> s(static_cast<std::size_t>(r.rank()));
+    for (int k = 0; k < r.rank(); ++k) s[k] = r.extent(k);
+    return s;
+  }
+  template <class R>
+  static std::vector<std::int64_t> strides_of(const R& r) {
+    std::vector<std::int64_t> s(static_cast<std::size_t>(r.rank()));
+    for (int k = 0; k < r.rank(); ++k) s[k] = r.stride(k);
+    return s;
+  }
+  static const char* dtype_name() { return std::is_same_v<value_type, float> ? "float32" : "float64"; }
+  static std::string format_name() { return std::string("lather.") + Algorithm::name + ".v1"; }
+  static std::string field_list() {
+    std::string s;
+    for (const char* f : Algorithm::field_names) s += (s.empty() ? "'" : ", '") + std::string(f) + "'";
+    return s.empty() ? "no state buffers" : s;
+  }
+  static std::size_t field_index(const std::string& name) {
+    for (std::size_t f = 0; f < num_fields; ++f)
+      if (name == Algorithm::field_names[f]) return f;
+    return num_fields;
+  }
+  OptionCheck group_check(std::size_t g) const {
+    return OptionCheck(Algorithm::name, "parameter group " + std::to_string(g));
+  }
+  void check_group(std::size_t g) const {
+    LATHER_THROW_IF(g >= num_groups(), "lather::", Algorithm::name, ": no parameter group ", g,
+                    " (there are ", num_groups(), ")");
+  }
+  void check_param(std::size_t i) const {
+    LATHER_THROW_IF(i >= num_params(), "lather::", Algorithm::name, ": no parameter ", i,
+                    " (there are ", num_params(), ")");
+  }
+  void ensure_allocated(std::size_t i, std::size_t f) {
+    auto& v = m_states[i].fields[f];
+    if (v.extent(0) == static_cast<std::size_t>(m_params[i].size()) && v.data() != nullptr) return;
+    v = Kokkos::View<value_type*, memory_space>(
+        std::string("lather::") + Algorithm::name + "::" + Algorithm::field_names[f],
+        static_cast<std::size_t>(m_params[i].size()));
+  }
+  // Allocates (zeroed) every buffer the current options use, so step() does not allocate.
+  void allocate_needed(std::size_t i) {
+    const options_type& o = m_group_options[m_group_of[i]];
+    for (std::size_t f = 0; f < num_fields; ++f) {
+      if (!Algorithm::uses_field(o, f)) continue;
+      const bool fresh = m_states[i].fields[f].data() == nullptr;
+      ensure_allocated(i, f);
+      // Buffers that start at a value (zeros, or Adagrad's initial accumulator) hold state from
+      // the start; lazily created ones (SGD momentum) become present in the kernel launcher.
+      if (fresh && Algorithm::initialize_field(o, f, m_states[i].fields[f]))
+        m_states[i].present[f] = true;
+    }
+  }
+  static const StateTensor& entry(const StateDict& d, const std::string& name) {
+    auto it = d.tensors.find(name);
+    LATHER_THROW_IF(it == d.tensors.end(), "lather::", Algorithm::name,
+                    "::load_state_dict: missing entry '", name, "'");
+    return it->second;
+  }
+  bool known_entry(const std::string& name) const {
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const std::string key = "state." + std::to_string(i) + ".";
+      if (name == key + "step") return true;
+      for (const char* f : Algorithm::field_names)
+        if (name == key + f) return true;
+    }
+    for (std::size_t g = 0; g < num_groups(); ++g) {
+      const std::string key = "param_groups." + std::to_string(g) + ".";
+      bool found = name == key + "num_params";
+      options_type o{};
+      visit_options(o, [&](const char* n, auto&) { found = found || name == key + n; });
+      if (found) return true;
+    }
+    return false;
+  }
+  template <class S>
+  static bool holds_scalar(const StateTensor& t) {
+    return t.shape.empty() && std::holds_alternative<std::vector<S>>(t.values) &&
+           std::get<std::vector<S>>(t.values).size() == 1;
+  }
+  static StateTensor option_to_tensor(double v) { return {{}, std::vector<double>{v}}; }
+  static StateTensor option_to_tensor(bool v) { return {{}, std::vector<double>{v ? 1.0 : 0.0}}; }
+  template <std::size_t N>
+  static StateTensor option_to_tensor(const std::array<double, N>& v) {
+    return {{static_cast<std::int64_t>(N)}, std::vector<double>(v.begin(), v.end())};
+  }
+  static void option_from_tensor(const StateTensor& t, const std::string& name, double& v) {
+    LATHER_THROW_IF(!holds_scalar<double>(t), "lather::", Algorithm::name, "::load_state_dict: '",
+                    name, "' must be a float64 scalar");
+    v = std::get<std::vector<double>>(t.values)[0];
+  }
+  static void option_from_tensor(const StateTensor& t, const std::string& name, bool& v) {
+    double x = 0;
+    option_from_tensor(t, name, x);
+    LATHER_THROW_IF(x != 0.0 && x != 1.0, "lather::", Algorithm::name, "::load_state_dict: '",
+                    name, "' is a flag and must be 0 or 1, got ", x);
+    v = x != 0.0;
+  }
+  template <std::size_t N>
+  static void option_from_tensor(const StateTensor& t, const std::string& name,
+                                 std::array<double, N>& v) {
+    LATHER_THROW_IF(t.shape != std::vector<std::int64_t>{static_cast<std::int64_t>(N)} ||
+                        !std::holds_alternative<std::vector<double>>(t.values) ||
+                        t.stored_size() != N,
+                    "lather::", Algorithm::name, "::load_state_dict: '", name,
+                    "' must be a float64 tensor of shape (", N, ",)");
+    const auto& x = std::get<std::vector<double>>(t.values);
+    for (std::size_t k = 0; k < N; ++k) v[k] = x[k];
+  }
+
+  std::vector<tensor_type> m_params;
+  std::vector<std::string> m_names;
+  std::vector<std::size_t> m_group_of;
+  std::vector<std::size_t> m_group_begin;
+  std::vector<options_type> m_group_options;
+  std::vector<state_type> m_states;
+};
+
+}  // namespace lather::impl
+
+#endif

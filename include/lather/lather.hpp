@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief Umbrella header: everything public in lather (MPI and Eigen parts when enabled).
+#ifndef LATHER_LATHER_HPP
+#define LATHER_LATHER_HPP
+
+#include <lather/config.hpp>
+#include <lather/version.hpp>
+#include <lather/error.hpp>
+
+#include <lather/traits/tensor_traits.hpp>
+#include <lather/traits/kokkos_view.hpp>
+#ifdef LATHER_ENABLE_EIGEN
+#include <lather/traits/eigen_matrix.hpp>
+#endif
+
+#include <lather/concepts/tensor.hpp>
+#include <lather/concepts/execution.hpp>
+#include <lather/concepts/communicator.hpp>
+
+#include <lather/comm/serial_communicator.hpp>
+#ifdef LATHER_ENABLE_MPI
+#include <lather/comm/mpi_communicator.hpp>
+#endif
+
+#include <lather/io/state_dict.hpp>
+#include <lather/optimizers/param_group.hpp>
+#include <lather/optimizers/sgd.hpp>
+#include <lather/optimizers/adagrad.hpp>
+#include <lather/optimizers/rmsprop.hpp>
+#include <lather/optimizers/adam.hpp>
+
+#endif

@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+// SGD, Adagrad, RMSprop, Adam and AdamW against (1) hand-computed scalar trajectories
+// (tests/reference/diagonal_hand_computed.py) and (2) an independent element-wise double
+// reference written from torch.optim's update rules, over parameters of rank 0 to 3, sizes 1,
+// 2, 3 and 13, Kokkos layouts Right, Left and Stride, float and double, on every execution space.
+#include <lather/optimizers/adagrad.hpp>
+#include <lather/optimizers/adam.hpp>
+#include <lather/optimizers/rmsprop.hpp>
+#include <lather/optimizers/sgd.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <doctest/doctest.h>
+
+#include "exec_spaces.hpp"
+#include "test_utils.hpp"
+
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <vector>
+
+namespace {
+
+using lather::test::all_close;
+using lather::test::tolerances;
+
+const std::vector<double> kGrads = {1.0, 0.5, -0.25, 2.0, 0.0, -1.5, 0.75};
+
+// ---- (1) hand-computed scalar trajectories ----------------------------------------------------
+
+template <class Opt, class ExecSpace, class Options>
+std::vector<double> scalar_trajectory(const Options& options) {
+  using M = typename ExecSpace::memory_space;
+  Kokkos::View<double, M> p("p");
+  Kokkos::deep_copy(p, 1.0);
+  std::vector<Kokkos::View<double, M>> params{p};
+  Opt opt(params, options);
+  Kokkos::View<double, M> g("g");
+  std::vector<double> out;
+  for (double gv : kGrads) {
+    Kokkos::deep_copy(g, gv);
+    opt.step(ExecSpace(), std::vector{g});
+    double h = 0;
+    Kokkos::deep_copy(h, p);
+    out.push_back(h);
+  }
+  return out;
+}
+
+template <class ExecSpace>
+void impl_test_hand_computed() {
+  using M = typename ExecSpace::memory_space;
+  using P = Kokkos::View<double, M>;
+  auto check = [](const std::vector<double>& got, const std::vector<double>& want, const char* name) {
+    // Same operations in the same order as the Python script: equal up to FMA contraction.
+    all_close(got, want, 1e-14, 1e-16, name);
+  };
+  check(scalar_trajectory<lather::SGD<P, ExecSpace>, ExecSpace>(lather::SGDOptions{.lr = 0.1}),
+        {0.9, 0.85, 0.875, 0.675, 0.675, 0.8250000000000001, 0.75}, "sgd_plain");
+  check(scalar_trajectory<lather::SGD<P, ExecSpace>, ExecSpace>(
+            lather::SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.25, .weight_decay = 0.01}),
+        {0.899, 0.76992575, 0.6719314806875, 0.43323268969573436, 0.2180788532858735,
+         0.13677684137703433, 0.00725244802804631},
+        "sgd_momentum_dampening_wd");
+  check(scalar_trajectory<lather::SGD<P, ExecSpace>, ExecSpace>(
+            lather::SGDOptions{.lr = 0.05, .momentum = 0.8, .weight_decay = 0.1, .nesterov = true}),
+        {0.901, 0.812691, 0.780833581, 0.561570907571, 0.46422996498366104, 0.5194254248592209,
+         0.43326388379587044},
+        "sgd_nesterov_wd");
+  check(scalar_trajectory<lather::Adagrad<P, ExecSpace>, ExecSpace>(lather::AdagradOptions{
+            .lr = 0.5, .lr_decay = 0.1, .weight_decay = 0.05, .initial_accumulator_value = 0.1}),
+        {0.5212412098267283, 0.3246361049193462, 0.40328221278404874, 0.07538306838285885,
+         0.07481498483154435, 0.25278500122695874, 0.17072775475170882},
+        "adagrad_lr_decay_wd_init");
+  check(scalar_trajectory<lather::RMSprop<P, ExecSpace>, ExecSpace>(lather::RMSpropOptions{.lr = 0.01}),
+        {0.9000000099999991, 0.855098688525563, 0.8771091061453651, 0.7900471860484168,
+         0.7900471860484168, 0.8451058186952903, 0.8184396665000101},
+        "rmsprop_plain");
+  check(scalar_trajectory<lather::RMSprop<P, ExecSpace>, ExecSpace>(lather::RMSpropOptions{
+            .lr = 0.01, .alpha = 0.9, .weight_decay = 0.1, .momentum = 0.5, .centered = true}),
+        {0.9666666676767677, 0.9327271427303893, 0.9203522041344768, 0.8830540949481168,
+         0.8630292156141128, 0.8707561217787351, 0.8639606834505568},
+        "rmsprop_centered_momentum_wd");
+  check(scalar_trajectory<lather::Adam<P, ExecSpace>, ExecSpace>(lather::AdamOptions{.lr = 0.1}),
+        {0.900000001, 0.8067820382981611, 0.7504159014963296, 0.6770470281393891,
+         0.6150336000839342, 0.5987607358952416, 0.5717101762403819},
+        "adam_plain");
+  check(scalar_trajectory<lather::Adam<P, ExecSpace>, ExecSpace>(lather::AdamOptions{
+            .lr = 0.1, .betas = {0.8, 0.99}, .weight_decay = 0.1, .amsgrad = true}),
+        {0.9000000009090909, 0.8073454792830334, 0.75039976494398, 0.6703139815971718,
+         0.605742497194883, 0.5950036666374023, 0.5682259502571364},
+        "adam_l2_amsgrad");
+  check(scalar_trajectory<lather::AdamW<P, ExecSpace>, ExecSpace>(
+            lather::AdamWOptions{.lr = 0.1, .weight_decay = 0.1}),
+        {0.890000001, 0.7878820382881611, 0.723637081103448, 0.6430318369354731,
+         0.5745880905106634, 0.5525693454168642, 0.5199930923078359},
+        "adamw_decoupled");
+}
+
+// ---- (2) independent element-wise reference ----------------------------------------------------
+
+// One element's state; each reference step is written from torch.optim's documented rules.
+struct RefElem {
+  double m = 0, v = 0, vmax = 0, buf = 0, ga = 0;
+  bool has_buf = false;
+};
+using RefStep = std::function<void(double& p, double g, RefElem& s, long t)>;
+
+RefStep ref_sgd(lather::SGDOptions o) {
+  return [o](double& p, double g, RefElem& s, long) {
+    double d = o.maximize ? -g : g;
+    if (o.weight_decay != 0) d += o.weight_decay * p;
+    if (o.momentum != 0) {
+      s.buf = s.has_buf ? s.buf * o.momentum + (1 - o.dampening) * d : d;
+      s.has_buf = true;
+      d = o.nesterov ? d + o.momentum * s.buf : s.buf;
+    }
+    p -= o.lr * d;
+  };
+}
+RefStep ref_adagrad(lather::AdagradOptions o) {
+  return [o](double& p, double g, RefElem& s, long t) {
+    if (t == 1) s.v = o.initial_accumulator_value;
+    if (o.maximize) g = -g;
+    if (o.weight_decay != 0) g += o.weight_decay * p;
+    const double clr = o.lr / (1 + (t - 1) * o.lr_decay);
+    s.v += g * g;
+    p -= clr * g / (std::sqrt(s.v) + o.eps);
+  };
+}
+RefStep ref_rmsprop(lather::RMSpropOptions o) {
+  return [o](double& p, double g, RefElem& s, long) {
+    if (o.maximize) g = -g;
+    if (o.weight_decay != 0) g += o.weight_decay * p;
+    s.v = o.alpha * s.v + (1 - o.alpha) * g * g;
+    double avg;
+    if (o.centered) {
+      s.ga = o.alpha * s.ga + (1 - o.alpha) * g;
+      avg = std::sqrt(s.v - s.ga * s.ga) + o.eps;
+    } else {
+      avg = std::sqrt(s.v) + o.eps;
+    }
+    if (o.momentum > 0) {
+      s.buf = o.momentum * s.buf + g / avg;
+      p -= o.lr * s.buf;
+    } else {
+      p -= o.lr * g / avg;
+    }
+  };
+}
+template <class O>
+RefStep ref_adam(O o, bool decoupled) {
+  return [o, decoupled](double& p, double g, RefElem& s, long t) {
+    if (o.maximize) g = -g;
+    if (decoupled) p *= 1 - o.lr * o.weight_decay;
+    else if (o.weight_decay != 0) g += o.weight_decay * p;
+    s.m = o.betas[0] * s.m + (1 - o.betas[0]) * g;
+    s.v = o.betas[1] * s.v + (1 - o.betas[1]) * g * g;
+    s.vmax = std::max(s.vmax, s.v);
+    const double vhat = (o.amsgrad ? s.vmax : s.v) / (1 - std::pow(o.betas[1], double(t)));
+    p -= o.lr / (1 - std::pow(o.betas[0], double(t))) * s.m / (std::sqrt(vhat) + o.eps);
+  };
+}
+
+// Parameters of several ranks, sizes and layouts, all viewed through TensorRef (the heterogeneous
+// parameter type); gradients in a different layout from their parameter where the rank allows.
+template <class T, class ExecSpace>
+struct Problem {
+  using M = typename ExecSpace::memory_space;
+  Kokkos::View<T, M> p0{"p0"};
+  Kokkos::View<T*, M> p1{"p1", 13};
+  Kokkos::View<T**, Kokkos::LayoutLeft, M> p2{"p2", 3, 2};
+  Kokkos::View<T***, Kokkos::LayoutRight, M> p3{"p3", 2, 3, 2};
+  Kokkos::View<T**, Kokkos::LayoutRight, M> big{"big", 4, 6};
+  Kokkos::View<T**, Kokkos::LayoutStride, M> p4;  // every other column of `big`: (4, 3) strided
+  Kokkos::View<T*, M> p5{"p5", 1};
+  Kokkos::View<T*, M> empty{"empty", 0};
+  std::vector<lather::TensorRef<T, M>> params;
+
+  Kokkos::View<T, M> g0{"g0"};
+  Kokkos::View<T*, M> g1{"g1", 13};
+  Kokkos::View<T**, Kokkos::LayoutRight, M> g2{"g2", 3, 2};
+  Kokkos::View<T***, Kokkos::LayoutLeft, M> g3{"g3", 2, 3, 2};
+  Kokkos::View<T**, Kokkos::LayoutLeft, M> g4{"g4", 4, 3};
+  Kokkos::View<T*, M> g5{"g5", 1};
+  Kokkos::View<T*, M> gempty{"gempty", 0};
+  std::vector<lather::TensorRef<T, M>> grads_mut;
+  std::vector<lather::TensorRef<const T, M>> grads;
+
+  Problem() {
+    // A genuinely strided view: columns 0, 2, 4 of big.
+    Kokkos::LayoutStride ls(4, 6, 3, 2);
+    p4 = Kokkos::View<T**, Kokkos::LayoutStride, M>(big.data(), ls);
+    params = {lather::tensor_ref(p0), lather::tensor_ref(p1), lather::tensor_ref(p2),
+              lather::tensor_ref(p3), lather::tensor_ref(p4), lather::tensor_ref(p5),
+              lather::tensor_ref(empty)};
+    grads_mut = {lather::tensor_ref(g0), lather::tensor_ref(g1), lather::tensor_ref(g2),
+                 lather::tensor_ref(g3), lather::tensor_ref(g4), lather::tensor_ref(g5),
+                 lather::tensor_ref(gempty)};
+    grads.assign(grads_mut.begin(), grads_mut.end());
+    for (std::size_t i = 0; i < params.size(); ++i)
+      lather::test::from_host(params[i], lather::test::random_values(params[i].size(), 100 + i));
+  }
+  void set_grads(long t) {
+    for (std::size_t i = 0; i < grads_mut.size(); ++i)
+      lather::test::from_host(grads_mut[i],
+                              lather::test::random_values(grads_mut[i].size(), 1000 * t + i, 2.0));
+  }
+};
+
+template <template <class, class> class Opt, class T, class ExecSpace, class Options>
+void check_against_reference(const Options& options, const RefStep& ref, const char* what,
+                             int steps = 7) {
+  CAPTURE(what);
+  Problem<T, ExecSpace> pb;
+  using P = lather::TensorRef<T, typename ExecSpace::memory_space>;
+  Opt<P, ExecSpace> opt(pb.params, options);
+  std::vector<std::vector<double>> ref_p;
+  std::vector<std::vector<RefElem>> ref_s;
+  for (const auto& p : pb.params) {
+    ref_p.push_back(lather::test::to_host(p));
+    ref_s.emplace_back(static_cast<std::size_t>(p.size()));
+  }
+  for (long t = 1; t <= steps; ++t) {
+    pb.set_grads(t);
+    opt.step(ExecSpace(), pb.grads);
+    for (std::size_t i = 0; i < pb.params.size(); ++i) {
+      const auto g = lather::test::to_host(pb.grads[i]);
+      for (std::size_t e = 0; e < g.size(); ++e) ref(ref_p[i][e], g[e], ref_s[i][e], t);
+      CAPTURE(t);
+      CAPTURE(i);
+      all_close(lather::test::to_host(pb.params[i]), ref_p[i], tolerances<T>::rtol,
+                tolerances<T>::atol, what);
+    }
+  }
+  // The strided parameter must not have touched the columns of `big` it does not own.
+  auto big = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), pb.big);
+  for (int r = 0; r < 4; ++r)
+    for (int c = 1; c < 6; c += 2) CHECK(big(r, c) == T(0));
+}
+
+template <class T, class ExecSpace>
+void impl_test_reference_all() {
+  using lather::AdagradOptions, lather::AdamOptions, lather::AdamWOptions, lather::RMSpropOptions,
+      lather::SGDOptions;
+  for (const SGDOptions& o :
+       {SGDOptions{.lr = 0.1}, SGDOptions{.lr = 0.1, .weight_decay = 0.05},
+        SGDOptions{.lr = 0.05, .momentum = 0.9}, SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.3, .weight_decay = 0.01},
+        SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true},
+        SGDOptions{.lr = 0.05, .momentum = 0.5, .maximize = true}})
+    check_against_reference<lather::SGD, T, ExecSpace>(o, ref_sgd(o), "SGD");
+  for (const AdagradOptions& o :
+       {AdagradOptions{}, AdagradOptions{.lr = 0.3, .lr_decay = 0.2, .weight_decay = 0.1, .initial_accumulator_value = 0.5},
+        AdagradOptions{.lr = 0.1, .eps = 1e-3, .maximize = true}})
+    check_against_reference<lather::Adagrad, T, ExecSpace>(o, ref_adagrad(o), "Adagrad");
+  for (const RMSpropOptions& o :
+       {RMSpropOptions{}, RMSpropOptions{.lr = 0.02, .alpha = 0.9, .weight_decay = 0.1},
+        RMSpropOptions{.lr = 0.01, .momentum = 0.9}, RMSpropOptions{.lr = 0.01, .centered = true},
+        RMSpropOptions{.lr = 0.01, .alpha = 0.95, .weight_decay = 0.01, .momentum = 0.7, .centered = true, .maximize = true}})
+    check_against_reference<lather::RMSprop, T, ExecSpace>(o, ref_rmsprop(o), "RMSprop");
+  for (const AdamOptions& o :
+       {AdamOptions{}, AdamOptions{.lr = 0.05, .betas = {0.8, 0.99}, .weight_decay = 0.1},
+        AdamOptions{.lr = 0.05, .amsgrad = true}, AdamOptions{.lr = 0.01, .eps = 1e-3, .maximize = true}})
+    check_against_reference<lather::Adam, T, ExecSpace>(o, ref_adam(o, false), "Adam");
+  for (const AdamWOptions& o :
+       {AdamWOptions{}, AdamWOptions{.lr = 0.05, .weight_decay = 0.3},
+        AdamWOptions{.lr = 0.05, .betas = {0.5, 0.9}, .weight_decay = 0.1, .amsgrad = true}})
+    check_against_reference<lather::AdamW, T, ExecSpace>(o, ref_adam(o, true), "AdamW");
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: hand-computed scalar trajectories", ExecSpace, hand_computed) {
+  impl_test_hand_computed<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(hand_computed, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: double, against the element-wise reference", ExecSpace, ref_double) {
+  impl_test_reference_all<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(ref_double, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: float, against the element-wise reference", ExecSpace, ref_float) {
+  impl_test_reference_all<float, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(ref_float, lather_test_exec_spaces);
