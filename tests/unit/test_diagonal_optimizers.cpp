@@ -124,7 +124,7 @@ RefStep ref_adagrad(lather::AdagradOptions o) {
     if (t == 1) s.v = o.initial_accumulator_value;
     if (o.maximize) g = -g;
     if (o.weight_decay != 0) g += o.weight_decay * p;
-    const double clr = o.lr / (1 + (t - 1) * o.lr_decay);
+    const double clr = o.lr / (1 + double(t - 1) * o.lr_decay);
     s.v += g * g;
     p -= clr * g / (std::sqrt(s.v) + o.eps);
   };

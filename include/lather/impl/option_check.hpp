@@ -7,6 +7,7 @@
 
 #include <lather/error.hpp>
 
+#include <cmath>
 #include <string>
 
 namespace lather::impl {
@@ -17,20 +18,23 @@ class OptionCheck {
   OptionCheck(std::string optimizer, std::string where)
       : m_optimizer(std::move(optimizer)), m_where(std::move(where)) {}
 
-  // `!(x >= lo)` rather than `x < lo`, so NaN is rejected too.
+  // NaN fails every rule. std::isgreaterequal & co. are quiet comparisons: they do not raise
+  // FE_INVALID on NaN, so validation is safe under trapping floating-point environments.
   void at_least(const char* name, double x, double lo) const {
-    fail_unless(x >= lo, name, x, concat("must be >= ", lo));
+    fail_unless(std::isgreaterequal(x, lo), name, x, concat("must be >= ", lo));
   }
   void greater_than(const char* name, double x, double lo) const {
-    fail_unless(x > lo, name, x, concat("must be > ", lo));
+    fail_unless(std::isgreater(x, lo), name, x, concat("must be > ", lo));
   }
   /// x in [lo, hi)
   void in_half_open(const char* name, double x, double lo, double hi) const {
-    fail_unless(x >= lo && x < hi, name, x, concat("must be in [", lo, ", ", hi, ")"));
+    fail_unless(std::isgreaterequal(x, lo) && std::isless(x, hi), name, x,
+                concat("must be in [", lo, ", ", hi, ")"));
   }
   /// x in [lo, hi]
   void in_closed(const char* name, double x, double lo, double hi) const {
-    fail_unless(x >= lo && x <= hi, name, x, concat("must be in [", lo, ", ", hi, "]"));
+    fail_unless(std::isgreaterequal(x, lo) && std::islessequal(x, hi), name, x,
+                concat("must be in [", lo, ", ", hi, "]"));
   }
   /// A rule that involves several options.
   void require(bool ok, const std::string& message) const {

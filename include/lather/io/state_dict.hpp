@@ -35,6 +35,8 @@ struct StateTensor {
   [[nodiscard]] std::size_t stored_size() const {
     return std::visit([](const auto& v) { return v.size(); }, values);
   }
+  /// Exact equality of shape, dtype and every value (bitwise for non-NaN values).
+  friend bool operator==(const StateTensor&, const StateTensor&) = default;
 };
 
 /// \brief An optimizer's complete state: `format` names the optimizer (e.g. "lather.Adam.v1"),
@@ -52,6 +54,7 @@ struct StateDict {
                     "' state dictionary");
     return it->second;
   }
+  friend bool operator==(const StateDict&, const StateDict&) = default;
 };
 
 }  // namespace lather
