@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Sets up dependencies (scripts/setup-deps.sh) and configures a Release build of lather in
+# ${LATHER_BUILD_DIR:-build}. Extra arguments go to cmake. Used by demo.sh, test.sh and bench.sh.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+kokkos_prefix=$("$root/scripts/setup-deps.sh" | tail -n1)
+build=${LATHER_BUILD_DIR:-$root/build}
+gen=()
+if command -v ninja >/dev/null && [ ! -f "$build/Makefile" ]; then gen=(-G Ninja); fi
+cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DKokkos_ROOT="$kokkos_prefix" -DCMAKE_PREFIX_PATH="$kokkos_prefix" "$@" >&2
+echo "$build"
