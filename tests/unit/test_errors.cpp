@@ -192,3 +192,42 @@ TEST_CASE_TEMPLATE_DEFINE("errors: corrupt state dictionaries are refused whole"
   impl_test_corrupt_state_dicts<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(corrupt_state, lather_test_exec_spaces);
+
+namespace {
+// A NaN or Inf gradient is refused before anything changes; with the check off it flows through.
+template <class ExecSpace>
+void impl_test_nonfinite_gradients() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  Kokkos::View<double*, M> w("w", 5), b("b", 2);
+  Kokkos::deep_copy(w, 1.0);
+  Kokkos::deep_copy(b, 1.0);
+  std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(b)};
+  lather::SGD<P, ExecSpace> opt(params, {.lr = 0.1, .momentum = 0.9}, {"w", "b"});
+  CHECK(opt.check_finite());
+  Kokkos::View<double*, M> gw("gw", 5), gb("gb", 2);
+  Kokkos::deep_copy(gw, 0.5);
+  Kokkos::deep_copy(gb, 0.5);
+  opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(gw), lather::tensor_ref(gb)});
+  const auto before = opt.state_dict();
+  const auto w_before = lather::test::to_host(params[0]);
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                     -std::numeric_limits<double>::infinity()}) {
+    Kokkos::deep_copy(Kokkos::subview(gb, 1), bad);
+    CHECK_THROWS_WITH_AS(opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(gw), lather::tensor_ref(gb)}),
+                         Contains("the gradient of parameter 1 ('b') has 1 NaN or Inf value(s) out of 2; nothing was changed"),
+                         lather::invalid_argument);
+    CHECK(opt.state_dict() == before);
+    CHECK(lather::test::to_host(params[0]) == w_before);
+  }
+  opt.set_check_finite(false);
+  Kokkos::deep_copy(Kokkos::subview(gb, 1), std::numeric_limits<double>::infinity());
+  opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(gw), lather::tensor_ref(gb)});
+  CHECK(std::isinf(lather::test::to_host(params[1])[1]));
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("errors: NaN and Inf gradients are refused before anything changes", ExecSpace, nonfinite) {
+  impl_test_nonfinite_gradients<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(nonfinite, lather_test_exec_spaces);

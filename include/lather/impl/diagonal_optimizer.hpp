@@ -9,6 +9,7 @@
 #include <lather/concepts/execution.hpp>
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
+#include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/option_check.hpp>
 #include <lather/io/state_dict.hpp>
 #include <lather/optimizers/param_group.hpp>
@@ -21,6 +22,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace lather::impl {
@@ -103,6 +105,9 @@ class DiagonalOptimizer {
       }
     }
     m_group_begin.push_back(m_params.size());
+    m_nonfinite = Kokkos::View<std::int64_t*, memory_space>(
+        std::string("lather::") + Algorithm::name + "::nonfinite_counts", m_params.size());
+    m_nonfinite_host = Kokkos::create_mirror_view(m_nonfinite);
     m_states.resize(m_params.size());
     for (std::size_t i = 0; i < m_params.size(); ++i) allocate_needed(i);
   }
@@ -142,6 +147,7 @@ class DiagonalOptimizer {
                       " but its gradient has shape ", g[i].shape_string(),
                       "; pass gradients in parameter order with matching shapes");
     }
+    if (m_check_finite) check_finite_gradients(space, g);
     for (std::size_t i = 0; i < n; ++i) {
       if (!has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
       const options_type& o = m_group_options[m_group_of[i]];
@@ -159,6 +165,13 @@ class DiagonalOptimizer {
   void step(const Grads& grads) {
     step(ExecSpace(), grads);
   }
+
+  /// \brief Whether step() checks every gradient for NaN and Inf before changing anything (on
+  /// by default). The check reads each gradient once and waits for the result (one fence of the
+  /// step's execution space per step); turn it off to keep step() fully asynchronous when the
+  /// trainer checks its loss itself.
+  void set_check_finite(bool on) noexcept { m_check_finite = on; }
+  [[nodiscard]] bool check_finite() const noexcept { return m_check_finite; }
 
   // ---- options -------------------------------------------------------------------------------
 
@@ -342,6 +355,29 @@ class DiagonalOptimizer {
   }
 
  private:
+  // Counts non-finite gradient elements per parameter on the device, then reads all counts with
+  // one copy, so the whole check costs one pass over the gradients and one fence.
+  template <class GradRefs>
+  void check_finite_gradients(const ExecSpace& space, const GradRefs& g) {
+    Kokkos::deep_copy(space, m_nonfinite, 0);
+    const auto counts = m_nonfinite;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (!has_gradient(g[i], m_params[i]) || g[i].size() == 0) continue;
+      Kokkos::parallel_for(
+          std::string("lather::") + Algorithm::name + "::check_finite",
+          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, g[i].size()),
+          kernels::CountNonFinite<value_type, memory_space>{g[i], counts, i});
+    }
+    Kokkos::deep_copy(space, m_nonfinite_host, m_nonfinite);
+    space.fence();
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      LATHER_THROW_IF(m_nonfinite_host(i) != 0, "lather::", Algorithm::name, "::step: the gradient of ",
+                      describe(i), " has ", m_nonfinite_host(i), " NaN or Inf value(s) out of ",
+                      g[i].size(), "; nothing was changed. Skip this batch, lower the learning rate "
+                      "or add gradient clipping (set_check_finite(false) disables this check)");
+    }
+  }
+
   // A gradient without data stands for torch's `grad is None` (a zero-size parameter needs none).
   template <class R>
   static bool has_gradient(const R& g, const tensor_type& p) {
@@ -465,6 +501,11 @@ class DiagonalOptimizer {
   std::vector<std::size_t> m_group_begin;
   std::vector<options_type> m_group_options;
   std::vector<state_type> m_states;
+  bool m_check_finite = true;
+  Kokkos::View<std::int64_t*, memory_space> m_nonfinite;
+  // `auto`-typed mirror: View::HostMirror is deprecated in Kokkos 5.
+  decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, memory_space>>()))
+      m_nonfinite_host;
 };
 
 }  // namespace lather::impl

@@ -41,6 +41,17 @@ KOKKOS_INLINE_FUNCTION T adam_denominator(T v, T bias_correction2_sqrt, T eps) {
 
 using index_type = std::int64_t;
 
+/// Adds the number of NaN/Inf elements of `grad` to `counts(slot)`.
+template <class T, class MemorySpace>
+struct CountNonFinite {
+  TensorRef<const T, MemorySpace> grad;
+  Kokkos::View<std::int64_t*, MemorySpace> counts;
+  std::size_t slot;
+  KOKKOS_FUNCTION void operator()(index_type i) const {
+    if (!math::isfinite(grad[i])) Kokkos::atomic_add(&counts(slot), std::int64_t{1});
+  }
+};
+
 // ---- SGD ------------------------------------------------------------------------------------------
 
 template <class T, class MemorySpace>
