@@ -40,9 +40,10 @@ struct MlpParams {
 // `streams`: how many float arrays one step reads or writes per element (param r+w, grad r,
 // each state buffer r+w).
 template <class Opt, class Options>
-void run(benchmark::State& state, const Options& options, int streams) {
+void run(benchmark::State& state, const Options& options, int streams, bool check_finite = true) {
   MlpParams mlp;
   Opt opt(mlp.params, options);
+  opt.set_check_finite(check_finite);
   const ExecSpace space;
   for (auto _ : state) {
     opt.step(space, mlp.grads);
@@ -61,6 +62,9 @@ void BM_Adagrad(benchmark::State& s) { run<lather::Adagrad<P, ExecSpace>>(s, lat
 void BM_RMSprop(benchmark::State& s) { run<lather::RMSprop<P, ExecSpace>>(s, lather::RMSpropOptions{}, 5); }
 void BM_Adam(benchmark::State& s) { run<lather::Adam<P, ExecSpace>>(s, lather::AdamOptions{}, 7); }
 void BM_AdamW(benchmark::State& s) { run<lather::AdamW<P, ExecSpace>>(s, lather::AdamWOptions{}, 7); }
+// The same steps without the NaN/Inf gradient check (set_check_finite(false)): its cost.
+void BM_SGD_nocheck(benchmark::State& s) { run<lather::SGD<P, ExecSpace>>(s, lather::SGDOptions{.lr = 0.01}, 3, false); }
+void BM_Adam_nocheck(benchmark::State& s) { run<lather::Adam<P, ExecSpace>>(s, lather::AdamOptions{}, 7, false); }
 
 }  // namespace
 
@@ -70,6 +74,8 @@ BENCHMARK(BM_Adagrad)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RMSprop)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Adam)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AdamW)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SGD_nocheck)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Adam_nocheck)->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard guard(argc, argv);
