@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief Private. Shampoo's device kernels: blocked indexing, gradient gather, Kronecker-factor
+/// updates, mode-k products with the inverse factors, the element-wise filtering/grafting pass,
+/// per-block norms and the final parameter update. All are named functors (device-clean).
+#ifndef LATHER_IMPL_KERNELS_SHAMPOO_HPP
+#define LATHER_IMPL_KERNELS_SHAMPOO_HPP
+
+#include <lather/grafting/grafting.hpp>
+#include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/math.hpp>
+#include <lather/traits/tensor_traits.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace lather::impl::kernels {
+
+/// Maps a parameter's row-major flat index to its position in lather's blocked order (each
+/// block contiguous and row-major, blocks in row-major block order).
+template <class MemorySpace>
+struct BlockedIndex {
+  int rank = 1;
+  std::int64_t dims[max_tensor_rank] = {};    // merged shape
+  std::int64_t grid[max_tensor_rank] = {};    // blocks per dimension
+  std::int64_t block_size = 1;
+  Kokkos::View<const std::int64_t*, MemorySpace> block_begin;
+
+  KOKKOS_FUNCTION std::int64_t operator()(std::int64_t flat) const {
+    std::int64_t m[max_tensor_rank];
+    for (int j = rank - 1; j >= 0; --j) {
+      m[j] = flat % dims[j];
+      flat /= dims[j];
+    }
+    std::int64_t block = 0, local = 0;
+    for (int j = 0; j < rank; ++j) {
+      const std::int64_t c = m[j] / block_size;
+      const std::int64_t start = c * block_size;
+      const std::int64_t ext = (dims[j] - start < block_size) ? dims[j] - start : block_size;
+      block = block * grid[j] + c;
+      local = local * ext + (m[j] - start);
+    }
+    return block_begin(block) + local;
+  }
+};
+
+/// Gb[blocked(i)] = g[i] (+ weight_decay * p[i] for L2 decay).
+template <class T, class MemorySpace>
+struct GatherGradient {
+  TensorRef<const T, MemorySpace> grad;
+  TensorRef<T, MemorySpace> param;
+  BlockedIndex<MemorySpace> index;
+  Kokkos::View<T*, MemorySpace> out;
+  T l2_weight_decay;
+  KOKKOS_FUNCTION void operator()(std::int64_t i) const {
+    T g = grad[i];
+    if (l2_weight_decay != T(0)) g = g + l2_weight_decay * param[i];
+    out(index(i)) = g;
+  }
+};
+
+/// L = beta2 * L + w * G_(k) G_(k)^T for one block (G viewed as (outer, d, inner) row-major).
+/// The outer product is summed in the gradient type, as the reference does.
+template <class T, class F, class MemorySpace>
+struct FactorUpdate {
+  const T* block;
+  std::int64_t outer, d, inner;
+  Kokkos::View<F**, Kokkos::LayoutRight, MemorySpace> factor;
+  F beta2, weight;
+  bool scale;  // false when beta2 == 1 (the reference skips the multiply)
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    T s = 0;
+    for (std::int64_t a = 0; a < outer; ++a) {
+      const T* x = block + a * d * inner;
+      for (std::int64_t b = 0; b < inner; ++b) s += x[i * inner + b] * x[j * inner + b];
+    }
+    const F old = factor(i, j);
+    factor(i, j) = (scale ? old * beta2 : old) + weight * F(s);
+  }
+};
+
+/// Y[a, i, b] = sum_c X[a, c, b] * P(c, i): the mode-k product of one block with an inverse
+/// factor (the reference's tensordot(X, P, dims=([0],[0])) with its axis rotation).
+template <class T, class P, class MemorySpace>
+struct ModeProduct {
+  const T* x;
+  T* y;
+  std::int64_t d, inner;
+  Kokkos::View<const P**, Kokkos::LayoutRight, MemorySpace> factor;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const {
+    const std::int64_t b = e % inner;
+    const std::int64_t i = (e / inner) % d;
+    const std::int64_t a = e / (inner * d);
+    const T* xa = x + a * d * inner + b;
+    P s = 0;
+    for (std::int64_t c = 0; c < d; ++c) s += P(xa[c * inner]) * factor(c, i);
+    y[e] = T(s);
+  }
+};
+
+/// Moves dimension k of a block to the end without a product (a dimension that is not
+/// preconditioned): Y[a, b, i] = X[a, i, b]. Kept so the data flow matches the reference.
+template <class T>
+struct CopyBlock {
+  const T* x;
+  T* y;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const { y[e] = x[e]; }
+};
+
+/// Per-element filtering and grafting state, in blocked order:
+///   V = beta2g V + w G^2 (grafting state from the raw gradient)
+///   Gbar = EMA of G with beta1 (beta3 variant), bias corrected
+///   out = graft(Gbar) when grafting is used directly, else Gbar
+template <class T, class MemorySpace>
+struct FilterAndGraft {
+  Kokkos::View<const T*, MemorySpace> grad;
+  Kokkos::View<T*, MemorySpace> filtered;   // empty when beta1 == 0
+  Kokkos::View<T*, MemorySpace> graft_state;  // empty without a stateful grafting method
+  Kokkos::View<T*, MemorySpace> out;
+  T beta1, one_minus_beta1, beta3, one_minus_beta3, bias_correction1;
+  bool use_beta1, separate_beta3, use_bias_correction;
+  GraftScalars<T> graft;
+  bool graft_has_state, apply_graft;
+  KOKKOS_FUNCTION void operator()(std::int64_t q) const {
+    const T g = grad(q);
+    T v = 0;
+    if (graft_has_state) {
+      v = second_moment(graft_state(q), g, graft.beta2, graft.one_minus_beta2);
+      graft_state(q) = v;
+    }
+    T gbar = g;
+    if (use_beta1) {
+      const T m_old = filtered(q);
+      const T m = ema(m_old, g, beta1, one_minus_beta1);
+      filtered(q) = m;
+      gbar = separate_beta3 ? ema(m_old, g, beta3, one_minus_beta3) : m;
+      if (use_bias_correction) gbar = gbar / bias_correction1;
+    }
+    out(q) = apply_graft ? graft_direction(gbar, v, graft, graft_has_state) : gbar;
+  }
+};
+
+/// Per block: the squared Frobenius norm of graft(x) (or of x when `graft_has_state` is false)
+/// into norms(block, column).
+template <class T, class MemorySpace, class ExecSpace>
+struct BlockNorms {
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  Kokkos::View<const T*, MemorySpace> x, graft_state;
+  Kokkos::View<const std::int64_t*, MemorySpace> block_begin;
+  Kokkos::View<double**, MemorySpace> norms;
+  int column;
+  GraftScalars<T> graft;
+  bool graft_has_state;
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    const std::int64_t b = team.league_rank();
+    double sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, block_begin(b), block_begin(b + 1)),
+        [&](std::int64_t q, double& acc) {
+          const T y = graft_direction(x(q), graft_has_state ? graft_state(q) : T(0), graft, graft_has_state);
+          acc += double(y) * double(y);
+        },
+        sum);
+    Kokkos::single(Kokkos::PerTeam(team), [&]() { norms(b, column) = sum; });
+  }
+};
+
+/// P *= ||graft(Gbar)|| / (||P|| + 1e-16) per block.
+template <class T, class MemorySpace>
+struct GraftScale {
+  Kokkos::View<T*, MemorySpace> direction;
+  Kokkos::View<const std::int64_t*, MemorySpace> block_begin;
+  Kokkos::View<const double**, MemorySpace> norms;
+  std::int64_t num_blocks;
+  KOKKOS_FUNCTION void operator()(std::int64_t q) const {
+    // Binary search of the block holding q: one launch per parameter, whatever its block count.
+    std::int64_t lo = 0, hi = num_blocks;
+    while (hi - lo > 1) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (block_begin(mid) <= q) lo = mid;
+      else hi = mid;
+    }
+    const T ratio = T(math::sqrt(norms(lo, 0)) / (math::sqrt(norms(lo, 1)) + 1e-16));
+    direction(q) = direction(q) * ratio;
+  }
+};
+
+/// The end of the step, per parameter element: decoupled decay, momentum, W += -lr * P.
+template <class T, class MemorySpace>
+struct ApplyUpdate {
+  TensorRef<T, MemorySpace> param;
+  BlockedIndex<MemorySpace> index;
+  Kokkos::View<const T*, MemorySpace> direction;
+  Kokkos::View<T*, MemorySpace> momentum_buffer;  // empty without momentum
+  T decay, momentum, one_minus_dampening, lr;
+  bool use_momentum, nesterov;
+  KOKKOS_FUNCTION void operator()(std::int64_t i) const {
+    const std::int64_t q = index(i);
+    T& w = param[i];
+    T p = direction(q);
+    if (decay != T(0)) p = p + decay * w;
+    if (use_momentum) {
+      const T m = momentum_buffer(q) * momentum + one_minus_dampening * p;
+      momentum_buffer(q) = m;
+      p = nesterov ? p * one_minus_dampening + momentum * m : m;
+    }
+    w = w + (-lr) * p;
+  }
+};
+
+/// Counts non-finite entries of a matrix.
+template <class F, class MemorySpace>
+struct CountNonFiniteMatrix {
+  Kokkos::View<const F**, Kokkos::LayoutRight, MemorySpace> a;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j, std::int64_t& n) const {
+    if (!math::isfinite(a(i, j))) ++n;
+  }
+};
+
+/// out = in / divisor, converting types (bias-corrected factor, or result to inverse factor).
+template <class In, class Out, class MemorySpace>
+struct ScaleCopy {
+  Kokkos::View<const In**, Kokkos::LayoutRight, MemorySpace> in;
+  Kokkos::View<Out**, Kokkos::LayoutRight, MemorySpace> out;
+  In divisor;
+  bool divide;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    out(i, j) = Out(divide ? in(i, j) / divisor : in(i, j));
+  }
+};
+
+/// An identity matrix (the inverse factors' initial value).
+template <class F, class MemorySpace>
+struct SetIdentity {
+  Kokkos::View<F**, Kokkos::LayoutRight, MemorySpace> a;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const { a(i, j) = i == j ? F(1) : F(0); }
+};
+
+}  // namespace lather::impl::kernels
+
+#endif

@@ -1,0 +1,937 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief Shampoo: Meta's DistributedShampoo (single process), as a class template over the
+/// parameter type, execution space, root-inverse strategy, grafting policy and precision.
+///
+/// Semantics follow DistributedShampoo step by step (docs/shampoo.md): parameters are merged and
+/// blocked (merge_small_dims, multi_dim_split); each block keeps Kronecker factors
+/// L_k = beta2 L_k + w G_(k) G_(k)^T per preconditioned dimension, whose inverse roots are
+/// recomputed on amortized steps; the direction is the filtered gradient multiplied by the
+/// inverse factors along every dimension, optionally grafted per block; then decoupled weight
+/// decay, momentum and the learning rate.
+#ifndef LATHER_OPTIMIZERS_SHAMPOO_HPP
+#define LATHER_OPTIMIZERS_SHAMPOO_HPP
+
+#include <lather/concepts/execution.hpp>
+#include <lather/concepts/root_inverse.hpp>
+#include <lather/concepts/tensor.hpp>
+#include <lather/error.hpp>
+#include <lather/grafting/grafting.hpp>
+#include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/shampoo.hpp>
+#include <lather/impl/option_check.hpp>
+#include <lather/io/state_dict.hpp>
+#include <lather/layout/blocking.hpp>
+#include <lather/optimizers/param_group.hpp>
+#include <lather/root_inverse/eigen_root_inverse.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace lather {
+
+/// "Never precondition" for `start_preconditioning_step` (math.inf in DistributedShampoo).
+inline constexpr std::int64_t never = unbounded;
+
+/// How `weight_decay` is applied (DistributedShampoo's WeightDecayType).
+enum class WeightDecayType {
+  l2,           ///< added to the gradient before everything (Adam-style)
+  decoupled,    ///< P += wd * W before momentum and -lr (AdamW-style; the default)
+  corrected,    ///< P += wd * lr / peak_lr * W (AdamC-style)
+  independent,  ///< P += wd / peak_lr * W
+};
+
+/// Exponent override for blocks of one order: one exponent for all dimensions and/or one per
+/// dimension (the others keep the default). An exponent of 0 means: do not precondition.
+struct InverseExponentOverride {
+  std::optional<double> all = std::nullopt;
+  std::map<int, double> per_dimension{};
+};
+
+/// \brief Options of Shampoo, named and defaulted as DistributedShampoo's constructor
+/// (DefaultShampooConfig, no grafting, single device). See docs/shampoo.md for each.
+struct ShampooOptions {
+  double lr = 1e-2;
+  std::array<double, 2> betas = {0.9, 1.0};
+  double beta3 = -1.0;  ///< -1: beta3 = betas[0]
+  double epsilon = 1e-12;
+  double weight_decay = 0.0;
+  WeightDecayType weight_decay_type = WeightDecayType::decoupled;
+  std::optional<double> peak_lr = std::nullopt;    ///< for corrected/independent decay; default: lr
+  std::int64_t max_preconditioner_dim = 1024;      ///< lather::unbounded = no blocking
+  std::int64_t precondition_frequency = 1;
+  std::int64_t start_preconditioning_step = -1;    ///< -1: = precondition_frequency; lather::never
+  bool use_bias_correction = true;
+  std::int64_t target_parameter_dimensionality = 1;  ///< lather::unbounded = keep all dimensions
+  // ClassicMomentumConfig (the seed README's momentum / dampening / use_nesterov)
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool use_nesterov = false;
+  // Root exponents: default -1/(2 * order) per factor.
+  std::map<int, InverseExponentOverride> inverse_exponent_override{};  ///< keyed by block order
+  std::vector<int> inv_root_override{};  ///< legacy: one root for every order, or one per order (index = order); 0 = default
+  double exponent_multiplier = 1.0;      ///< legacy: exponent = exponent_multiplier / root
+  int num_tolerated_failed_amortized_computations = 3;
+
+  /// The start step after the -1 rule.
+  [[nodiscard]] std::int64_t start_step() const {
+    return start_preconditioning_step == -1 ? precondition_frequency : start_preconditioning_step;
+  }
+  [[nodiscard]] double effective_beta3() const { return beta3 == -1.0 ? betas[0] : beta3; }
+};
+
+/// Storage precision of the Kronecker factors and their inverse roots (DistributedShampoo's
+/// factor_matrix_dtype and inv_factor_matrix_dtype; both float32 by default).
+template <class FactorScalar = float, class InverseFactorScalar = FactorScalar>
+struct ShampooPrecision {
+  using factor_type = FactorScalar;
+  using inverse_factor_type = InverseFactorScalar;
+};
+
+/// State of one Kronecker factor of one block.
+template <class F, class Finv, class MemorySpace>
+struct ShampooFactorState {
+  bool preconditioned = false;
+  double root = 0;  ///< the inverse root computed: X = A^(-1/root)
+  Kokkos::View<F**, Kokkos::LayoutRight, MemorySpace> factor;
+  Kokkos::View<Finv**, Kokkos::LayoutRight, MemorySpace> inverse_factor;
+};
+
+/// State of one block of one parameter (its filtered gradient, grafting state and momentum live
+/// in the parameter's blocked buffers, at [begin, begin + numel)).
+template <class F, class Finv, class MemorySpace>
+struct ShampooBlockState {
+  std::vector<std::int64_t> extent;
+  std::int64_t begin = 0;
+  std::vector<ShampooFactorState<F, Finv, MemorySpace>> factors;
+  int consecutive_failures = 0;
+  std::int64_t failed_amortized_computations = 0;  ///< total, for monitoring
+};
+
+namespace impl {
+/// Counts of what the last step did, for tests and monitoring.
+struct ShampooStepInfo {
+  bool amortized = false;
+  bool grafted = false;
+  int failed_root_computations = 0;
+  int root_computations_not_converged = 0;
+};
+}  // namespace impl
+
+/// \brief DistributedShampoo on one process.
+/// \tparam Param any concepts::FloatingTensor (Kokkos::View, Eigen matrix, lather::TensorRef)
+/// \tparam ExecSpace where the kernels run
+/// \tparam RootInverse EigenRootInverse, CoupledNewtonRootInverse or CoupledHigherOrderRootInverse
+/// \tparam Grafting NoGrafting, SGDGrafting, AdaGradGrafting, RMSpropGrafting or AdamGrafting
+/// \tparam Precision ShampooPrecision<factor type, inverse-factor type>
+template <concepts::FloatingTensor Param,
+          concepts::ExecutionSpaceFor<Param> ExecSpace = default_execution_space_t<Param>,
+          concepts::RootInverseStrategy RootInverse = EigenRootInverse,
+          concepts::GraftingPolicy Grafting = NoGrafting, class Precision = ShampooPrecision<>>
+class Shampoo {
+  using traits = impl::traits_of<Param>;
+
+ public:
+  using param_type = Param;
+  using execution_space = ExecSpace;
+  using value_type = typename traits::value_type;
+  using memory_space = typename traits::memory_space;
+  using factor_type = typename Precision::factor_type;
+  using inverse_factor_type = typename Precision::inverse_factor_type;
+  using tensor_type = TensorRef<value_type, memory_space>;
+  using group_type = ParamGroup<Param, ShampooOptions>;
+  using block_state_type = ShampooBlockState<factor_type, inverse_factor_type, memory_space>;
+  using vector_type = Kokkos::View<value_type*, memory_space>;
+
+  static_assert(!std::is_const_v<typename traits::element_type>,
+                "lather::Shampoo: parameters must be writable (got a tensor of const elements)");
+  static_assert(std::is_floating_point_v<factor_type> && std::is_floating_point_v<inverse_factor_type>,
+                "lather::Shampoo: factor precisions must be float or double");
+
+  Shampoo(std::span<Param> params, ShampooOptions options = {}, RootInverse root_inverse = {},
+          Grafting grafting = {}, std::vector<std::string> names = {})
+      : Shampoo(std::vector<group_type>{group_type{params, std::move(options), std::move(names)}},
+                std::move(root_inverse), std::move(grafting)) {}
+
+  explicit Shampoo(std::vector<group_type> groups, RootInverse root_inverse = {}, Grafting grafting = {})
+      : m_root_inverse(std::move(root_inverse)), m_grafting(std::move(grafting)) {
+    LATHER_THROW_IF(groups.empty(), "lather::Shampoo: no parameter groups given; pass at least one parameter");
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      auto& o = groups[g].options;
+      if (!o.peak_lr) o.peak_lr = o.lr;
+      validate(o, impl::OptionCheck("Shampoo", "parameter group " + std::to_string(g)));
+      LATHER_THROW_IF(groups[g].params.empty(), "lather::Shampoo: parameter group ", g,
+                      " is empty; every group needs at least one parameter");
+      LATHER_THROW_IF(!groups[g].names.empty() && groups[g].names.size() != groups[g].params.size(),
+                      "lather::Shampoo: parameter group ", g, " has ", groups[g].params.size(),
+                      " parameters but ", groups[g].names.size(), " names");
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      m_groups.push_back(GroupState{groups[g].options, 0});
+      for (std::size_t k = 0; k < groups[g].params.size(); ++k) {
+        const std::size_t index = m_params.size();
+        ParamState p;
+        p.group = g;
+        p.name = groups[g].names.empty() ? std::string() : groups[g].names[k];
+        p.param = tensor_ref(groups[g].params[k]);
+        for (const auto& q : m_params)
+          LATHER_THROW_IF(p.param.size() > 0 && q.param.data() == p.param.data(), "lather::Shampoo: ",
+                          describe_name(index, p.name), " shares memory with another parameter");
+        m_params.push_back(std::move(p));
+        build_param_state(m_params.back());
+      }
+    }
+    std::int64_t max_numel = 1;
+    for (const auto& p : m_params) max_numel = std::max(max_numel, p.layout.numel());
+    m_grad = vector_type("lather::Shampoo::blocked_grad", max_numel);
+    m_work0 = vector_type("lather::Shampoo::work0", max_numel);
+    m_work1 = vector_type("lather::Shampoo::work1", max_numel);
+    m_nonfinite = Kokkos::View<std::int64_t*, memory_space>("lather::Shampoo::nonfinite", m_params.size());
+    m_nonfinite_host = Kokkos::create_mirror_view(m_nonfinite);
+  }
+
+  // ---- the step ------------------------------------------------------------------------------
+
+  /// \brief One Shampoo step with `grads` (one per parameter in group order; an empty tensor
+  /// means "no gradient" and masks that parameter). Everything is checked first; a step that
+  /// throws leaves parameters, state and step counters as they were.
+  /// Synchronization: fences `space` once for the gradient check and, on amortized steps, for
+  /// each root computation; the rest is queued on `space`.
+  template <std::ranges::random_access_range Grads>
+    requires concepts::Tensor<std::ranges::range_value_t<Grads>>
+  void step(const ExecSpace& space, const Grads& grads) {
+    Kokkos::Profiling::pushRegion("lather::Shampoo::step");
+    using G = std::ranges::range_value_t<Grads>;
+    static_assert(std::is_same_v<typename impl::traits_of<G>::value_type, value_type>,
+                  "lather::Shampoo: gradient value_type must equal the parameters' value_type");
+    const std::size_t n = std::ranges::size(grads);
+    LATHER_THROW_IF(n != m_params.size(), "lather::Shampoo::step: got ", n, " gradients for ",
+                    m_params.size(), " parameters; pass one per parameter");
+    std::vector<TensorRef<const value_type, memory_space>> g(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto r = tensor_ref(grads[i]);
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(r.rank())), strides(shape.size());
+      for (int k = 0; k < r.rank(); ++k) {
+        shape[k] = r.extent(k);
+        strides[k] = r.stride(k);
+      }
+      g[i] = TensorRef<const value_type, memory_space>(r.data(), shape, strides);
+      if (g[i].data() == nullptr && m_params[i].param.size() > 0) continue;
+      LATHER_THROW_IF(!g[i].same_shape(m_params[i].param), "lather::Shampoo::step: ", describe(i),
+                      " has shape ", m_params[i].param.shape_string(), " but its gradient has shape ",
+                      g[i].shape_string());
+    }
+    check_finite_gradients(space, g);
+
+    // Step counters advance for every group (as the reference does, with or without gradients).
+    for (auto& grp : m_groups) grp.step += 1;
+    m_info = {};
+    try {
+      run_step(space, g);
+    } catch (...) {
+      for (auto& grp : m_groups) grp.step -= 1;
+      Kokkos::Profiling::popRegion();
+      throw;
+    }
+    Kokkos::Profiling::popRegion();
+  }
+
+  template <std::ranges::random_access_range Grads>
+    requires concepts::Tensor<std::ranges::range_value_t<Grads>>
+  void step(const Grads& grads) {
+    step(ExecSpace(), grads);
+  }
+
+  // ---- options and inspection --------------------------------------------------------------
+
+  [[nodiscard]] std::size_t num_groups() const noexcept { return m_groups.size(); }
+  [[nodiscard]] std::size_t num_params() const noexcept { return m_params.size(); }
+  [[nodiscard]] const ShampooOptions& options(std::size_t g = 0) const { return group(g).options; }
+  [[nodiscard]] std::int64_t step_count(std::size_t g = 0) const { return group(g).step; }
+  /// Sets the learning rate of every group (peak_lr is unchanged, as with torch schedulers).
+  void set_lr(double lr) {
+    for (std::size_t g = 0; g < num_groups(); ++g)
+      impl::OptionCheck("Shampoo", "parameter group " + std::to_string(g)).at_least("lr", lr, 0.0);
+    for (auto& grp : m_groups) grp.options.lr = lr;
+  }
+  void set_lr(std::size_t g, double lr) {
+    impl::OptionCheck("Shampoo", "parameter group " + std::to_string(g)).at_least("lr", lr, 0.0);
+    group(g).options.lr = lr;
+  }
+  [[nodiscard]] const RootInverse& root_inverse() const noexcept { return m_root_inverse; }
+  [[nodiscard]] const Grafting& grafting() const noexcept { return m_grafting; }
+  /// The merged shape and blocks of parameter i.
+  [[nodiscard]] const BlockLayout& layout(std::size_t i) const { return param_state(i).layout; }
+  [[nodiscard]] std::size_t num_blocks(std::size_t i) const { return param_state(i).blocks.size(); }
+  [[nodiscard]] const block_state_type& block(std::size_t i, std::size_t b) const {
+    const auto& p = param_state(i);
+    LATHER_THROW_IF(b >= p.blocks.size(), "lather::Shampoo: ", describe(i), " has no block ", b);
+    return p.blocks[b];
+  }
+  /// Per-element state of parameter i in blocked order ("filtered_grad", "adagrad" (grafting),
+  /// "momentum_buffer"); empty when not used.
+  [[nodiscard]] vector_type state(std::size_t i, const std::string& name) const {
+    const auto& p = param_state(i);
+    if (name == "filtered_grad") return p.filtered;
+    if (name == "adagrad") return p.graft_state;
+    if (name == "momentum_buffer") return p.momentum;
+    impl::throw_error<invalid_argument>(std::source_location::current(), "lather::Shampoo: no state '", name,
+                                        "'; per-element state is 'filtered_grad', 'adagrad', 'momentum_buffer'");
+  }
+  /// What the last step did (amortized, grafted, failed root computations).
+  [[nodiscard]] const impl::ShampooStepInfo& last_step_info() const noexcept { return m_info; }
+
+  // ---- state dictionaries --------------------------------------------------------------------
+
+  /// \brief Every block's factors, inverse factors, failure counters, filtered gradient,
+  /// grafting state and momentum, each group's step counter, lr and peak_lr, as host tensors.
+  /// Fences (Kokkos::deep_copy).
+  [[nodiscard]] StateDict state_dict() const {
+    StateDict d;
+    d.format = "lather.Shampoo.v1";
+    for (std::size_t g = 0; g < m_groups.size(); ++g) {
+      const std::string key = "param_groups." + std::to_string(g) + ".";
+      d.tensors[key + "step"] = StateTensor{{}, std::vector<std::int64_t>{m_groups[g].step}};
+      d.tensors[key + "lr"] = StateTensor{{}, std::vector<double>{m_groups[g].options.lr}};
+      d.tensors[key + "peak_lr"] = StateTensor{{}, std::vector<double>{*m_groups[g].options.peak_lr}};
+    }
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const auto& p = m_params[i];
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        const auto& blk = p.blocks[b];
+        const std::string key = "state." + std::to_string(i) + ".block_" + std::to_string(b) + ".";
+        d.tensors[key + "consecutive_failures"] =
+            StateTensor{{}, std::vector<std::int64_t>{blk.consecutive_failures}};
+        for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+          const auto& f = blk.factors[k];
+          if (!f.preconditioned) continue;
+          d.tensors[key + "shampoo.factor_matrices." + std::to_string(k)] = matrix_to_tensor(f.factor);
+          d.tensors[key + "shampoo.inv_factor_matrices." + std::to_string(k)] = matrix_to_tensor(f.inverse_factor);
+        }
+        for (const char* name : {"filtered_grad", "adagrad", "momentum_buffer"}) {
+          const vector_type v = state(i, name);
+          if (v.data() == nullptr) continue;
+          d.tensors[key + name] = slice_to_tensor(v, blk);
+        }
+      }
+    }
+    return d;
+  }
+
+  /// \brief Restores a state_dict() of a Shampoo over the same parameter shapes and options.
+  /// Every entry is checked first; on any error nothing changes. Fences.
+  void load_state_dict(const StateDict& d) {
+    LATHER_THROW_IF(d.format != "lather.Shampoo.v1", "lather::Shampoo::load_state_dict: the dictionary is a '",
+                    d.format, "' state, expected 'lather.Shampoo.v1'");
+    std::size_t expected = 0;
+    auto entry = [&](const std::string& name) -> const StateTensor& {
+      auto it = d.tensors.find(name);
+      LATHER_THROW_IF(it == d.tensors.end(), "lather::Shampoo::load_state_dict: missing entry '", name, "'");
+      ++expected;
+      return it->second;
+    };
+    auto scalar_double = [&](const std::string& name) {
+      const StateTensor& t = entry(name);
+      LATHER_THROW_IF(!t.shape.empty() || !std::holds_alternative<std::vector<double>>(t.values) ||
+                          t.stored_size() != 1,
+                      "lather::Shampoo::load_state_dict: '", name, "' must be a float64 scalar");
+      return std::get<std::vector<double>>(t.values)[0];
+    };
+    auto scalar_int = [&](const std::string& name) {
+      const StateTensor& t = entry(name);
+      LATHER_THROW_IF(!t.shape.empty() || !std::holds_alternative<std::vector<std::int64_t>>(t.values) ||
+                          t.stored_size() != 1 || std::get<std::vector<std::int64_t>>(t.values)[0] < 0,
+                      "lather::Shampoo::load_state_dict: '", name, "' must be a non-negative int64 scalar");
+      return std::get<std::vector<std::int64_t>>(t.values)[0];
+    };
+    std::vector<GroupState> groups = m_groups;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const std::string key = "param_groups." + std::to_string(g) + ".";
+      groups[g].step = scalar_int(key + "step");
+      groups[g].options.lr = scalar_double(key + "lr");
+      groups[g].options.peak_lr = scalar_double(key + "peak_lr");
+      validate(groups[g].options, impl::OptionCheck("Shampoo", "load_state_dict: parameter group " + std::to_string(g)));
+    }
+    struct Pending {
+      const StateTensor* t;
+      std::size_t i, b, k;
+      int kind;  // 0 factor, 1 inverse factor, 2..4 element state
+    };
+    std::vector<Pending> pending;
+    std::vector<std::vector<int>> failures(m_params.size());
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const auto& p = m_params[i];
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        const auto& blk = p.blocks[b];
+        const std::string key = "state." + std::to_string(i) + ".block_" + std::to_string(b) + ".";
+        failures[i].push_back(static_cast<int>(scalar_int(key + "consecutive_failures")));
+        for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+          if (!blk.factors[k].preconditioned) continue;
+          const std::int64_t dk = blk.extent[k];
+          for (int kind = 0; kind < 2; ++kind) {
+            const std::string name =
+                key + (kind == 0 ? "shampoo.factor_matrices." : "shampoo.inv_factor_matrices.") + std::to_string(k);
+            const StateTensor& t = entry(name);
+            const bool dtype_ok = kind == 0 ? holds<factor_type>(t) : holds<inverse_factor_type>(t);
+            const bool shape_ok = t.shape == std::vector<std::int64_t>{dk, dk} &&
+                                  t.stored_size() == static_cast<std::size_t>(dk * dk);
+            LATHER_THROW_IF(!dtype_ok || !shape_ok,
+                            "lather::Shampoo::load_state_dict: '", name, "' must be a ", dk, "x", dk,
+                            " matrix of the ", kind == 0 ? "factor" : "inverse-factor", " precision");
+            pending.push_back({&t, i, b, k, kind});
+          }
+        }
+        int kind = 2;
+        for (const char* name : {"filtered_grad", "adagrad", "momentum_buffer"}) {
+          const vector_type v = state(i, name);
+          if (v.data() != nullptr) {
+            const StateTensor& t = entry(key + name);
+            LATHER_THROW_IF(!holds<value_type>(t) || t.shape != blk.extent ||
+                                t.stored_size() != static_cast<std::size_t>(numel_of(blk.extent)),
+                            "lather::Shampoo::load_state_dict: '", key, name,
+                            "' does not match the block's shape and the parameter dtype");
+            pending.push_back({&t, i, b, 0, kind});
+          }
+          ++kind;
+        }
+      }
+    }
+    LATHER_THROW_IF(expected != d.tensors.size(), "lather::Shampoo::load_state_dict: the dictionary has ",
+                    d.tensors.size() - expected,
+                    " unknown entries (saved from different parameters or options?)");
+    // Apply.
+    m_groups = std::move(groups);
+    for (std::size_t i = 0; i < m_params.size(); ++i)
+      for (std::size_t b = 0; b < m_params[i].blocks.size(); ++b) m_params[i].blocks[b].consecutive_failures = failures[i][b];
+    for (const auto& pe : pending) {
+      auto& blk = m_params[pe.i].blocks[pe.b];
+      if (pe.kind == 0) {
+        tensor_to_matrix(*pe.t, blk.factors[pe.k].factor);
+      } else if (pe.kind == 1) {
+        tensor_to_matrix(*pe.t, blk.factors[pe.k].inverse_factor);
+      } else {
+        const char* name = pe.kind == 2 ? "filtered_grad" : pe.kind == 3 ? "adagrad" : "momentum_buffer";
+        tensor_to_slice(*pe.t, state(pe.i, name), blk);
+      }
+    }
+  }
+
+ private:
+  struct GroupState {
+    ShampooOptions options;
+    std::int64_t step = 0;
+  };
+  struct ParamState {
+    tensor_type param;
+    std::string name;
+    std::size_t group = 0;
+    BlockLayout layout;
+    Kokkos::View<std::int64_t*, memory_space> block_begin;
+    impl::kernels::BlockedIndex<memory_space> index;
+    std::vector<block_state_type> blocks;
+    vector_type filtered, graft_state, momentum;
+    Kokkos::View<double**, memory_space> norms;  // per block: ||graft(Gbar)||^2, ||P||^2
+    // Transactional amortized steps: factors before this step's update, root results pending.
+    std::vector<std::vector<Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>>> backup, result;
+  };
+
+  // ---- construction --------------------------------------------------------------------------
+
+  void validate(const ShampooOptions& o, const impl::OptionCheck& c) const {
+    c.at_least("lr", o.lr, 0.0);
+    c.in_half_open("betas[0]", o.betas[0], 0.0, 1.0);
+    c.in_closed("betas[1]", o.betas[1], 0.0, 1.0);
+    c.require(o.beta3 == -1.0 || (o.beta3 >= 0.0 && o.beta3 < 1.0),
+              impl::concat("invalid option 'beta3' = ", o.beta3, " (must be -1, meaning betas[0], or in [0, 1))"));
+    bool zero_epsilon = false;
+    if constexpr (requires { m_root_inverse.requires_zero_epsilon(); }) zero_epsilon = m_root_inverse.requires_zero_epsilon();
+    if (zero_epsilon)
+      c.require(o.epsilon == 0.0, impl::concat("invalid option 'epsilon' = ", o.epsilon,
+                                         " (must be 0 with the pseudo-inverse)"));
+    else
+      c.greater_than("epsilon", o.epsilon, 0.0);
+    c.at_least("weight_decay", o.weight_decay, 0.0);
+    if (o.weight_decay_type == WeightDecayType::corrected || o.weight_decay_type == WeightDecayType::independent)
+      c.require(o.peak_lr && *o.peak_lr > 0,
+                "weight_decay_type corrected/independent needs 'peak_lr' > 0");
+    c.require(o.max_preconditioner_dim >= 1, impl::concat("invalid option 'max_preconditioner_dim' = ",
+                                                    o.max_preconditioner_dim, " (must be >= 1 or lather::unbounded)"));
+    c.require(o.precondition_frequency >= 1, impl::concat("invalid option 'precondition_frequency' = ",
+                                                    o.precondition_frequency, " (must be >= 1)"));
+    c.require(o.start_preconditioning_step == -1 || o.start_preconditioning_step >= o.precondition_frequency,
+              impl::concat("invalid option 'start_preconditioning_step' = ", o.start_preconditioning_step,
+                     " (must be -1, lather::never, or >= precondition_frequency = ", o.precondition_frequency,
+                     ")"));
+    c.require(o.target_parameter_dimensionality >= 1,
+              impl::concat("invalid option 'target_parameter_dimensionality' = ", o.target_parameter_dimensionality,
+                     " (must be >= 1 or lather::unbounded)"));
+    c.in_half_open("momentum", o.momentum, 0.0, 1.0);
+    c.in_half_open("dampening", o.dampening, 0.0, 1.0);
+    c.require(!o.use_nesterov || o.momentum > 0, "option 'use_nesterov' = true requires 'momentum' > 0");
+    c.greater_than("exponent_multiplier", o.exponent_multiplier, 0.0);
+    c.require(o.num_tolerated_failed_amortized_computations >= 0,
+              "option 'num_tolerated_failed_amortized_computations' must be >= 0");
+    for (int r : o.inv_root_override)
+      c.require(r >= 0, impl::concat("invalid option 'inv_root_override' entry ", r, " (must be >= 0; 0 = default)"));
+    for (const auto& [order, ov] : o.inverse_exponent_override) {
+      c.require(order >= 0, impl::concat("inverse_exponent_override: order ", order, " must be >= 0"));
+      if (ov.all) c.at_least("inverse_exponent_override[order].all", *ov.all, 0.0);
+      for (const auto& [dim, e] : ov.per_dimension) {
+        c.require(dim >= 0 && dim < std::max(order, 1),
+                  impl::concat("inverse_exponent_override: dimension ", dim, " does not exist in order-", order, " blocks"));
+        c.at_least("inverse_exponent_override[order].per_dimension", e, 0.0);
+      }
+    }
+    m_root_inverse.validate();
+    m_grafting.validate(c);
+  }
+
+  // The exponent of dimension `dim` of an order-`order` block; 0 = not preconditioned.
+  static double exponent_for(const ShampooOptions& o, int order, int dim) {
+    int root = 2 * std::max(order, 1);
+    if (!o.inv_root_override.empty()) {
+      const int r = o.inv_root_override.size() == 1
+                        ? o.inv_root_override[0]
+                        : (static_cast<std::size_t>(order) < o.inv_root_override.size() ? o.inv_root_override[order] : 0);
+      if (r != 0) root = r;
+    }
+    double exponent = o.exponent_multiplier / root;
+    if (auto it = o.inverse_exponent_override.find(order); it != o.inverse_exponent_override.end()) {
+      if (it->second.all) exponent = *it->second.all;
+      if (auto d = it->second.per_dimension.find(dim); d != it->second.per_dimension.end()) exponent = d->second;
+    }
+    return exponent;
+  }
+
+  void build_param_state(ParamState& p) {
+    const auto& o = m_groups[p.group].options;
+    std::vector<std::int64_t> shape(static_cast<std::size_t>(p.param.rank()));
+    for (int k = 0; k < p.param.rank(); ++k) shape[k] = p.param.extent(k);
+    p.layout = BlockLayout(shape, o.max_preconditioner_dim, o.target_parameter_dimensionality);
+    if (p.param.size() == 0) return;  // zero-size parameters are skipped entirely
+    const auto& merged = p.layout.merged_shape;
+    p.block_begin = Kokkos::View<std::int64_t*, memory_space>("lather::Shampoo::block_begin", p.layout.block_begin.size());
+    auto h = Kokkos::create_mirror_view(p.block_begin);
+    for (std::size_t b = 0; b < p.layout.block_begin.size(); ++b) h(b) = p.layout.block_begin[b];
+    Kokkos::deep_copy(p.block_begin, h);
+    p.index.rank = static_cast<int>(merged.size());
+    p.index.block_size = o.max_preconditioner_dim;
+    for (std::size_t j = 0; j < merged.size(); ++j) {
+      p.index.dims[j] = merged[j];
+      p.index.grid[j] = o.max_preconditioner_dim == unbounded ? 1 : (merged[j] + o.max_preconditioner_dim - 1) / o.max_preconditioner_dim;
+    }
+    p.index.block_begin = p.block_begin;
+    const auto numel = static_cast<std::size_t>(p.layout.numel());
+    if (o.betas[0] != 0.0) p.filtered = vector_type("lather::Shampoo::filtered_grad", numel);
+    if (Grafting::has_state) p.graft_state = vector_type("lather::Shampoo::grafting_state", numel);
+    if (o.momentum != 0.0) p.momentum = vector_type("lather::Shampoo::momentum_buffer", numel);
+    p.norms = Kokkos::View<double**, memory_space>("lather::Shampoo::block_norms", p.layout.blocks.size(), 2);
+    const int order = static_cast<int>(merged.size());
+    for (std::size_t b = 0; b < p.layout.blocks.size(); ++b) {
+      block_state_type blk;
+      blk.extent = p.layout.blocks[b].extent;
+      blk.begin = p.layout.block_begin[b];
+      p.backup.emplace_back();
+      p.result.emplace_back();
+      for (int k = 0; k < order; ++k) {
+        ShampooFactorState<factor_type, inverse_factor_type, memory_space> f;
+        const double e = exponent_for(o, order, k);
+        f.preconditioned = e != 0.0;
+        const auto dk = static_cast<std::size_t>(blk.extent[k]);
+        if (f.preconditioned) {
+          f.root = 1.0 / e;
+          LATHER_THROW_IF(!m_root_inverse.supports_root(f.root), "lather::Shampoo: the root-inverse strategy cannot compute the root ",
+                          f.root, " needed by dimension ", k, " of the order-", order, " blocks of ",
+                          describe_name(m_params.size() - 1, p.name),
+                          "; choose an exponent it supports (coupled Newton needs 1/exponent to be an integer)");
+          f.factor = decltype(f.factor)("lather::Shampoo::factor_matrix", dk, dk);
+          f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", dk, dk);
+          Kokkos::parallel_for("lather::Shampoo::identity",
+                               Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                   {0, 0}, {std::int64_t(dk), std::int64_t(dk)}),
+                               impl::kernels::SetIdentity<inverse_factor_type, memory_space>{f.inverse_factor});
+          p.backup.back().emplace_back("lather::Shampoo::factor_backup", dk, dk);
+          p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
+          if (m_scratch.find(dk) == m_scratch.end())
+            m_scratch[dk] = Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>("lather::Shampoo::bias_corrected", dk, dk);
+        } else {
+          p.backup.back().emplace_back();
+          p.result.back().emplace_back();
+        }
+        blk.factors.push_back(std::move(f));
+      }
+      p.blocks.push_back(std::move(blk));
+    }
+    ExecSpace().fence();
+  }
+
+  // ---- the step, in phases -----------------------------------------------------------------
+
+  void run_step(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
+    bool any_amortized = false;
+    for (std::size_t i = 0; i < m_params.size(); ++i)
+      any_amortized = any_amortized || (active(i, g) && is_amortized(m_params[i].group));
+    if (!any_amortized) {
+      // Nothing can fail after the checks: one pass per parameter.
+      for (std::size_t i = 0; i < m_params.size(); ++i) {
+        if (!active(i, g)) continue;
+        gather(space, i, g[i]);
+        update_factors(space, i, false, m_groups[m_params[i].group].options);
+        direction_and_update(space, i);
+      }
+      return;
+    }
+    // Amortized step, in phases so that an error leaves everything as it was.
+    // Phase A: factor statistics of every parameter, with the previous factors backed up.
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!active(i, g)) continue;
+      gather(space, i, g[i]);
+      update_factors(space, i, is_amortized(m_params[i].group), m_groups[m_params[i].group].options);
+    }
+    // Phase B: root inverses into pending results; any error restores the factors and throws.
+    std::vector<std::vector<std::vector<RootInverseStatus>>> status(m_params.size());
+    try {
+      compute_roots(space, g, status);
+    } catch (...) {
+      restore_factors(space, g);
+      throw;
+    }
+    m_info.amortized = true;
+    // Phase C: commit the root results (a failed computation keeps the previous inverse factor).
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (status[i].empty()) continue;
+      auto& p = m_params[i];
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        bool failed = false;
+        for (std::size_t k = 0; k < p.blocks[b].factors.size(); ++k) {
+          auto& f = p.blocks[b].factors[k];
+          if (!f.preconditioned) continue;
+          const RootInverseStatus s = status[i][b][k];
+          if (s == RootInverseStatus::failed) {
+            failed = true;
+            continue;
+          }
+          if (s == RootInverseStatus::max_iterations_reached) ++m_info.root_computations_not_converged;
+          const auto dk = static_cast<std::int64_t>(f.factor.extent(0));
+          Kokkos::parallel_for("lather::Shampoo::commit_inverse",
+                               Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                   space, {0, 0}, {dk, dk}),
+                               impl::kernels::ScaleCopy<factor_type, inverse_factor_type, memory_space>{
+                                   p.result[b][k], f.inverse_factor, factor_type(1), false});
+        }
+        if (failed) {
+          ++p.blocks[b].consecutive_failures;
+          ++p.blocks[b].failed_amortized_computations;
+          ++m_info.failed_root_computations;
+        } else {
+          p.blocks[b].consecutive_failures = 0;
+        }
+      }
+    }
+    // Phase D: filtering, grafting, direction, update (the blocked gradient is gathered again:
+    // the shared buffer holds the last parameter's).
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!active(i, g)) continue;
+      gather(space, i, g[i]);
+      direction_and_update(space, i);
+    }
+  }
+
+  bool active(std::size_t i, const std::vector<TensorRef<const value_type, memory_space>>& g) const {
+    return g[i].data() != nullptr && m_params[i].param.size() > 0;
+  }
+  bool is_amortized(std::size_t grp) const {
+    const auto& o = m_groups[grp].options;
+    const std::int64_t t = m_groups[grp].step, s = o.start_step(), f = o.precondition_frequency;
+    return (t % f == 0 && t > s) || t == s;
+  }
+  bool uses_graft(std::size_t grp) const {
+    return Grafting::enabled && m_groups[grp].step < m_groups[grp].options.start_step();
+  }
+
+  void gather(const ExecSpace& space, std::size_t i, const TensorRef<const value_type, memory_space>& g) {
+    auto& p = m_params[i];
+    const auto& o = m_groups[p.group].options;
+    const bool l2 = o.weight_decay_type == WeightDecayType::l2 && o.weight_decay != 0.0;
+    Kokkos::parallel_for("lather::Shampoo::gather",
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.param.size()),
+                         impl::kernels::GatherGradient<value_type, memory_space>{
+                             g, p.param, p.index, m_grad, value_type(l2 ? o.weight_decay : 0.0)});
+  }
+
+  // (outer, d, inner) of dimension k of a block.
+  static std::array<std::int64_t, 3> unfold(const std::vector<std::int64_t>& e, std::size_t k) {
+    std::int64_t outer = 1, inner = 1;
+    for (std::size_t j = 0; j < k; ++j) outer *= e[j];
+    for (std::size_t j = k + 1; j < e.size(); ++j) inner *= e[j];
+    return {outer, e[k], inner};
+  }
+
+  void update_factors(const ExecSpace& space, std::size_t i, bool amortize, const ShampooOptions& o) {
+    auto& p = m_params[i];
+    const double beta2 = o.betas[1];
+    const double weight = beta2 == 1.0 ? 1.0 : 1.0 - beta2;
+    for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+      auto& blk = p.blocks[b];
+      for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+        auto& f = blk.factors[k];
+        if (!f.preconditioned) continue;
+        if (amortize) Kokkos::deep_copy(space, p.backup[b][k], f.factor);
+        const auto [outer, d, inner] = unfold(blk.extent, k);
+        Kokkos::parallel_for(
+            "lather::Shampoo::factor_update",
+            Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(space, {0, 0}, {d, d}),
+            impl::kernels::FactorUpdate<value_type, factor_type, memory_space>{
+                m_grad.data() + blk.begin, outer, d, inner, f.factor, factor_type(beta2), factor_type(weight),
+                beta2 != 1.0});
+      }
+    }
+  }
+
+  void restore_factors(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!active(i, g) || !is_amortized(m_params[i].group)) continue;
+      auto& p = m_params[i];
+      for (std::size_t b = 0; b < p.blocks.size(); ++b)
+        for (std::size_t k = 0; k < p.blocks[b].factors.size(); ++k)
+          if (p.blocks[b].factors[k].preconditioned) Kokkos::deep_copy(space, p.blocks[b].factors[k].factor, p.backup[b][k]);
+    }
+    space.fence();
+  }
+
+  void compute_roots(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g,
+                     std::vector<std::vector<std::vector<RootInverseStatus>>>& status) {
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!active(i, g) || !is_amortized(m_params[i].group)) continue;
+      auto& p = m_params[i];
+      const auto& grp = m_groups[p.group];
+      const auto& o = grp.options;
+      const bool bias = o.use_bias_correction && o.betas[1] < 1.0;
+      const double bc2 = bias ? 1.0 - std::pow(o.betas[1], static_cast<double>(grp.step)) : 1.0;
+      status[i].resize(p.blocks.size());
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        auto& blk = p.blocks[b];
+        status[i][b].assign(blk.factors.size(), RootInverseStatus::success);
+        int failures_here = 0;
+        for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+          auto& f = blk.factors[k];
+          if (!f.preconditioned) continue;
+          const auto dk = static_cast<std::int64_t>(f.factor.extent(0));
+          auto a = m_scratch.at(static_cast<std::size_t>(dk));
+          Kokkos::parallel_for("lather::Shampoo::bias_correct",
+                               Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                   space, {0, 0}, {dk, dk}),
+                               impl::kernels::ScaleCopy<factor_type, factor_type, memory_space>{
+                                   f.factor, a, factor_type(bc2), bias});
+          std::int64_t bad = 0;
+          Kokkos::parallel_reduce("lather::Shampoo::check_factor",
+                                  Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                      space, {0, 0}, {dk, dk}),
+                                  impl::kernels::CountNonFiniteMatrix<factor_type, memory_space>{a}, bad);
+          space.fence();
+          LATHER_THROW_RUNTIME_IF(bad != 0, "lather::Shampoo::step: the factor matrix ", k, " of block ", b, " of ",
+                                  describe(i), " has ", bad,
+                                  " NaN or Inf entries; nothing was changed. Try a lower learning rate, a larger "
+                                  "'start_preconditioning_step', a larger 'epsilon', or grafting");
+          const RootInverseStatus s = m_root_inverse.compute(
+              space, Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), f.root, o.epsilon,
+              p.result[b][k]);
+          LATHER_THROW_RUNTIME_IF(s == RootInverseStatus::non_finite, "lather::Shampoo::step: the inverse root of factor matrix ",
+                                  k, " of block ", b, " of ", describe(i),
+                                  " has NaN or Inf entries; nothing was changed. Try a larger 'epsilon' or a lower "
+                                  "learning rate");
+          status[i][b][k] = s;
+          if (s == RootInverseStatus::failed) ++failures_here;
+        }
+        if (failures_here > 0)
+          LATHER_THROW_RUNTIME_IF(blk.consecutive_failures + 1 > o.num_tolerated_failed_amortized_computations,
+                                  "lather::Shampoo::step: the root computations of block ", b, " of ", describe(i),
+                                  " failed ", blk.consecutive_failures + 1,
+                                  " times in a row, more than 'num_tolerated_failed_amortized_computations' = ",
+                                  o.num_tolerated_failed_amortized_computations,
+                                  "; nothing was changed. Try a larger 'epsilon', computing roots in double, or a "
+                                  "lower learning rate");
+      }
+    }
+  }
+
+  void direction_and_update(const ExecSpace& space, std::size_t i) {
+    auto& p = m_params[i];
+    const auto& grp = m_groups[p.group];
+    const auto& o = grp.options;
+    const std::int64_t t = grp.step;
+    const std::int64_t numel = p.layout.numel();
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    const bool graft_now = uses_graft(p.group);
+    m_info.grafted = m_info.grafted || graft_now;
+    const auto gs = m_grafting.template scalars<value_type>(t);
+    const double beta1 = o.betas[0], beta3 = o.effective_beta3();
+    const double bc1 = 1.0 - beta3 * std::pow(beta1, static_cast<double>(t - 1));
+    // Gbar (or graft(Gbar) before preconditioning) into work0.
+    Kokkos::parallel_for("lather::Shampoo::filter_and_graft", Range(space, 0, numel),
+                         impl::kernels::FilterAndGraft<value_type, memory_space>{
+                             m_grad, p.filtered, p.graft_state, m_work0, value_type(beta1), value_type(1.0 - beta1),
+                             value_type(beta3), value_type(1.0 - beta3), value_type(bc1), beta1 != 0.0, beta3 != beta1,
+                             o.use_bias_correction, gs, Grafting::has_state, graft_now});
+    vector_type direction = m_work0;
+    if (!graft_now) {
+      const auto nb = static_cast<std::int64_t>(p.blocks.size());
+      if constexpr (Grafting::enabled) {
+        // ||graft(Gbar)|| per block, before work0 is turned into the Shampoo direction.
+        Kokkos::parallel_for("lather::Shampoo::graft_norms",
+                             Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
+                             impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
+                                 m_work0, p.graft_state, p.block_begin, p.norms, 0, gs, Grafting::has_state});
+      }
+      // Precondition each block: successive mode products, ping-pong between work0 and work1.
+      vector_type src = m_work0, dst = m_work1;
+      for (const auto& blk : p.blocks) {
+        bool in_src = true;
+        for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+          const auto& f = blk.factors[k];
+          if (!f.preconditioned) continue;
+          const auto [outer, d, inner] = unfold(blk.extent, k);
+          const vector_type& from = in_src ? src : dst;
+          const vector_type& to = in_src ? dst : src;
+          Kokkos::parallel_for("lather::Shampoo::precondition", Range(space, 0, outer * d * inner),
+                               impl::kernels::ModeProduct<value_type, inverse_factor_type, memory_space>{
+                                   from.data() + blk.begin, to.data() + blk.begin, d, inner, f.inverse_factor});
+          in_src = !in_src;
+        }
+        if (!in_src) {  // the block's result is in dst: bring it back to src
+          Kokkos::parallel_for("lather::Shampoo::copy_block", Range(space, 0, numel_of(blk.extent)),
+                               impl::kernels::CopyBlock<value_type>{dst.data() + blk.begin, src.data() + blk.begin});
+        }
+      }
+      direction = src;
+      if constexpr (Grafting::enabled) {
+        Kokkos::parallel_for("lather::Shampoo::direction_norms",
+                             Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
+                             impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
+                                 direction, vector_type(), p.block_begin, p.norms, 1, gs, false});
+        Kokkos::parallel_for("lather::Shampoo::graft_scale", Range(space, 0, numel),
+                             impl::kernels::GraftScale<value_type, memory_space>{direction, p.block_begin, p.norms, nb});
+      }
+    }
+    double decay = 0.0;
+    if (o.weight_decay != 0.0) {
+      switch (o.weight_decay_type) {
+        case WeightDecayType::l2: break;
+        case WeightDecayType::decoupled: decay = o.weight_decay; break;
+        case WeightDecayType::corrected: decay = o.weight_decay * o.lr / *o.peak_lr; break;
+        case WeightDecayType::independent: decay = o.weight_decay / *o.peak_lr; break;
+      }
+    }
+    Kokkos::parallel_for("lather::Shampoo::apply", Range(space, 0, p.param.size()),
+                         impl::kernels::ApplyUpdate<value_type, memory_space>{
+                             p.param, p.index, direction, p.momentum, value_type(decay), value_type(o.momentum),
+                             value_type(1.0 - o.dampening), value_type(o.lr), o.momentum != 0.0, o.use_nesterov});
+  }
+
+  template <class TR>
+  void check_finite_gradients(const ExecSpace& space, const std::vector<TR>& g) {
+    const auto counts = m_nonfinite;
+    Kokkos::deep_copy(space, counts, 0);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (!active(i, g)) continue;
+      Kokkos::parallel_for("lather::Shampoo::check_finite",
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, g[i].size()),
+                           impl::kernels::CountNonFinite<value_type, memory_space>{g[i], counts, i});
+    }
+    auto h = m_nonfinite_host;
+    Kokkos::deep_copy(space, h, counts);
+    space.fence();
+    for (std::size_t i = 0; i < g.size(); ++i)
+      LATHER_THROW_IF(h(i) != 0, "lather::Shampoo::step: the gradient of ", describe(i), " has ", h(i),
+                      " NaN or Inf value(s); nothing was changed. Skip this batch, lower the learning rate or "
+                      "clip gradients");
+  }
+
+  // ---- helpers -------------------------------------------------------------------------------
+
+  const GroupState& group(std::size_t g) const {
+    LATHER_THROW_IF(g >= m_groups.size(), "lather::Shampoo: no parameter group ", g, " (there are ", m_groups.size(), ")");
+    return m_groups[g];
+  }
+  GroupState& group(std::size_t g) {
+    LATHER_THROW_IF(g >= m_groups.size(), "lather::Shampoo: no parameter group ", g, " (there are ", m_groups.size(), ")");
+    return m_groups[g];
+  }
+  const ParamState& param_state(std::size_t i) const {
+    LATHER_THROW_IF(i >= m_params.size(), "lather::Shampoo: no parameter ", i, " (there are ", m_params.size(), ")");
+    return m_params[i];
+  }
+  static std::string describe_name(std::size_t i, const std::string& name) {
+    return "parameter " + std::to_string(i) + (name.empty() ? std::string() : " ('" + name + "')");
+  }
+  std::string describe(std::size_t i) const { return describe_name(i, m_params[i].name); }
+  static std::int64_t numel_of(const std::vector<std::int64_t>& e) {
+    std::int64_t n = 1;
+    for (auto x : e) n *= x;
+    return n;
+  }
+  template <class S>
+  static bool holds(const StateTensor& t) {
+    return std::holds_alternative<std::vector<S>>(t.values);
+  }
+  template <class M>
+  static StateTensor matrix_to_tensor(const M& m) {
+    using S = typename M::non_const_value_type;
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+    std::vector<S> v(h.data(), h.data() + h.size());
+    return StateTensor{{static_cast<std::int64_t>(m.extent(0)), static_cast<std::int64_t>(m.extent(1))}, std::move(v)};
+  }
+  template <class M>
+  static void tensor_to_matrix(const StateTensor& t, const M& m) {
+    using S = typename M::non_const_value_type;
+    const auto& v = std::get<std::vector<S>>(t.values);
+    Kokkos::View<const S**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
+        v.data(), m.extent(0), m.extent(1));
+    Kokkos::deep_copy(m, h);
+  }
+  static StateTensor slice_to_tensor(const vector_type& v, const block_state_type& blk) {
+    const auto n = numel_of(blk.extent);
+    auto sub = Kokkos::subview(v, std::make_pair(blk.begin, blk.begin + n));
+    std::vector<value_type> host(static_cast<std::size_t>(n));
+    Kokkos::View<value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(host.data(), host.size());
+    Kokkos::deep_copy(h, sub);
+    return StateTensor{blk.extent, std::move(host)};
+  }
+  static void tensor_to_slice(const StateTensor& t, const vector_type& v, const block_state_type& blk) {
+    const auto& host = std::get<std::vector<value_type>>(t.values);
+    auto sub = Kokkos::subview(v, std::make_pair(blk.begin, blk.begin + static_cast<std::int64_t>(host.size())));
+    Kokkos::View<const value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(host.data(), host.size());
+    Kokkos::deep_copy(sub, h);
+  }
+
+  RootInverse m_root_inverse;
+  Grafting m_grafting;
+  std::vector<GroupState> m_groups;
+  std::vector<ParamState> m_params;
+  std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
+  vector_type m_grad, m_work0, m_work1;
+  impl::ShampooStepInfo m_info;
+  Kokkos::View<std::int64_t*, memory_space> m_nonfinite;
+  decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, memory_space>>())) m_nonfinite_host;
+};
+
+template <class P>
+Shampoo(std::vector<P>&, ShampooOptions = {}) -> Shampoo<P>;
+template <class P, class R>
+Shampoo(std::vector<P>&, ShampooOptions, R) -> Shampoo<P, default_execution_space_t<P>, R>;
+template <class P, class R, class G>
+Shampoo(std::vector<P>&, ShampooOptions, R, G) -> Shampoo<P, default_execution_space_t<P>, R, G>;
+
+}  // namespace lather
+
+#endif
