@@ -34,9 +34,6 @@
 
 #include <doctest/doctest.h>
 
-#include "exec_spaces.hpp"
-#include "test_utils.hpp"
-
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -47,6 +44,9 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "exec_spaces.hpp"
+#include "test_utils.hpp"
 
 namespace {
 
@@ -182,7 +182,8 @@ Result run(const Strategy& strategy, const Mat& a, double root, double epsilon) 
       r.a(i, j) = static_cast<ld>(ha(i, j));
     }
   Kokkos::deep_copy(da, ha);
-  r.status = strategy.compute(ExecSpace(), Kokkos::View<const T**, Kokkos::LayoutRight, M>(da), root, epsilon, dx);
+  r.status =
+      strategy.compute(ExecSpace(), Kokkos::View<const T**, Kokkos::LayoutRight, M>(da), root, epsilon, dx);
   auto hx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dx);
   r.x = Mat(n);
   for (std::size_t i = 0; i < n; ++i)
@@ -238,7 +239,8 @@ const SweepCase& sweep_case(std::size_t n, ld kappa) {
     c.q = random_orthogonal(n, 100 + n);
     c.d = log_spectrum(n, 2.0L, kappa);
     c.a = from_spectrum(c.q, c.d);
-    for (const long p : {2L, 4L, 6L, 8L}) c.exact[p] = from_spectrum(c.q, inverse_root_of(c.d, static_cast<ld>(p)));
+    for (const long p : {2L, 4L, 6L, 8L})
+      c.exact[p] = from_spectrum(c.q, inverse_root_of(c.d, static_cast<ld>(p)));
     it = cache.emplace(key, std::move(c)).first;
   }
   return it->second;
@@ -278,23 +280,26 @@ void sweep(const char* name, const Strategy& strategy, double tol, double u, boo
       worst.ratio = std::max(worst.ratio, rho / bound);
       worst.forward = std::max(worst.forward, forward);
     }
-    std::printf("[root-inverse] %-29s %-6s %-6s n=%3zu kappa=%.0e worst residual %.2e (%.3f of its bound), "
-                "worst forward error %.2e\n",
-                name, std::is_same_v<T, double> ? "double" : "float", ExecSpace::name(), n, k, worst.residual,
-                worst.ratio, worst.forward);
+    std::printf(
+        "[root-inverse] %-29s %-6s %-6s n=%3zu kappa=%.0e worst residual %.2e (%.3f of its bound), "
+        "worst forward error %.2e\n",
+        name, std::is_same_v<T, double> ? "double" : "float", ExecSpace::name(), n, k, worst.residual,
+        worst.ratio, worst.forward);
   }
 }
 
 template <class ExecSpace>
 void impl_test_sweep_eigen() {
-  sweep<ExecSpace, double>("EigenRootInverse", lather::EigenRootInverse{}, 0.0, unit_roundoff<double>(), false);
+  sweep<ExecSpace, double>("EigenRootInverse", lather::EigenRootInverse{}, 0.0, unit_roundoff<double>(),
+                           false);
   sweep<ExecSpace, float>("EigenRootInverse", lather::EigenRootInverse{}, 0.0, unit_roundoff<float>(), false);
 }
 
 template <class ExecSpace>
 void impl_test_sweep_newton() {
   const lather::CoupledNewtonRootInverse newton{};
-  sweep<ExecSpace, double>("CoupledNewtonRootInverse", newton, newton.tolerance, unit_roundoff<double>(), false);
+  sweep<ExecSpace, double>("CoupledNewtonRootInverse", newton, newton.tolerance, unit_roundoff<double>(),
+                           false);
   // float: the default tolerance 1e-6 is at float's rounding floor for large n, so the iteration
   // may end by its count (X is usable); the bound is the same formula with float's u.
   sweep<ExecSpace, float>("CoupledNewtonRootInverse", newton, newton.tolerance, unit_roundoff<float>(), true);
@@ -356,23 +361,27 @@ void exact_cases(double u) {
     expected(0, 0) = 1;
     expected(1, 1) = std::pow(4.0L, -1.0L / root);
     check_exact<ExecSpace, T>("eigen diag(1,4)", eigen, diag14, root, expected, 0, u, 4);
-    check_exact<ExecSpace, T>("eigen (perturb after) diag(1,4)", eigen_after, diag14, root, expected, 0, u, 4);
+    check_exact<ExecSpace, T>("eigen (perturb after) diag(1,4)", eigen_after, diag14, root, expected, 0, u,
+                              4);
     check_exact<ExecSpace, T>("pseudo-inverse diag(1,4)", pseudo, diag14, root, expected, 0, u, 4);
     check_exact<ExecSpace, T>("newton diag(1,4)", newton, diag14, root, expected, newton.tolerance, u, 4);
     for (int order = 2; order <= 6; ++order)
-      check_exact<ExecSpace, T>("higher-order diag(1,4)", higher_order(order), diag14, root, expected, 1e-8, u, 4);
+      check_exact<ExecSpace, T>("higher-order diag(1,4)", higher_order(order), diag14, root, expected, 1e-8,
+                                u, 4);
   }
   // The 3x3 case, root 2 (X = B) and root 1 (X = B^2). kappa(A) ~ 7e5: in float the bound
   // n u kappa is ~0.1, the reference's own tolerance (atol 0.05, rtol 1e-2) in spirit.
   const Mat a = reference_a(), b = reference_b(), b2 = multiply(b, b);
   for (const auto& [root, expected] : {std::pair{2.0, b}, std::pair{1.0, b2}}) {
     check_exact<ExecSpace, T>("eigen 3x3", eigen, a, root, expected, 0, u, kReferenceKappa);
-    check_exact<ExecSpace, T>("eigen (perturb after) 3x3", eigen_after, a, root, expected, 0, u, kReferenceKappa);
+    check_exact<ExecSpace, T>("eigen (perturb after) 3x3", eigen_after, a, root, expected, 0, u,
+                              kReferenceKappa);
     check_exact<ExecSpace, T>("pseudo-inverse 3x3", pseudo, a, root, expected, 0, u, kReferenceKappa);
     if constexpr (std::is_same_v<T, double>) {
       // The iterations need the conditioning double gives them (in float the reference's tests use
       // atol 0.05); the higher-order true-error check would fail in float.
-      check_exact<ExecSpace, T>("newton 3x3", newton, a, root, expected, newton.tolerance, u, kReferenceKappa);
+      check_exact<ExecSpace, T>("newton 3x3", newton, a, root, expected, newton.tolerance, u,
+                                kReferenceKappa);
       for (int order = 2; order <= 6; ++order)
         check_exact<ExecSpace, T>("higher-order 3x3", higher_order(order), a, root, expected, 1e-8, u,
                                   kReferenceKappa);
@@ -387,12 +396,13 @@ void impl_test_exact_cases() {
   // Newton and higher order in float on the 3x3 case, computing in double (compute_in_double):
   // the result is float-rounded only.
   const Mat a = reference_a(), b = reference_b();
-  check_exact<ExecSpace, float>("newton 3x3 compute_in_double", lather::CoupledNewtonRootInverse{.compute_in_double = true},
-                                a, 2.0, b, 1e-6, unit_roundoff<double>(), kReferenceKappa);
+  check_exact<ExecSpace, float>("newton 3x3 compute_in_double",
+                                lather::CoupledNewtonRootInverse{.compute_in_double = true}, a, 2.0, b, 1e-6,
+                                unit_roundoff<double>(), kReferenceKappa);
   auto ho = higher_order();
   ho.compute_in_double = true;
-  check_exact<ExecSpace, float>("higher-order 3x3 compute_in_double", ho, a, 2.0, b, 1e-6, unit_roundoff<double>(),
-                                kReferenceKappa);
+  check_exact<ExecSpace, float>("higher-order 3x3 compute_in_double", ho, a, 2.0, b, 1e-6,
+                                unit_roundoff<double>(), kReferenceKappa);
 }
 
 // ---- (3) repeated eigenvalues ------------------------------------------------------------------
@@ -445,7 +455,8 @@ struct RankDeficient {
   std::vector<ld> d;
   Mat a, projector;
   RankDeficient() : d(13, 0.0L) {
-    for (std::size_t i = 0; i < rank; ++i) d[i] = 1.0L - 0.9L * static_cast<ld>(i) / static_cast<ld>(rank - 1);
+    for (std::size_t i = 0; i < rank; ++i)
+      d[i] = 1.0L - 0.9L * static_cast<ld>(i) / static_cast<ld>(rank - 1);
     a = from_spectrum(q, d);
     std::vector<ld> ones(n, 0.0L);
     for (std::size_t i = 0; i < rank; ++i) ones[i] = 1;
@@ -477,15 +488,17 @@ void impl_test_rank_deficient() {
       CHECK(rho <= residual_bound(tol, p, rd.n, u, kappa_r));
       CHECK(static_cast<double>(max_abs_diff(r.x, exact) / max_abs(exact)) <= tol + 13 * u * kappa_r);
     };
-    check("eigen", run<ExecSpace, double>(lather::EigenRootInverse{}, rd.a, static_cast<double>(p), 1e-3), 0.0);
+    check("eigen", run<ExecSpace, double>(lather::EigenRootInverse{}, rd.a, static_cast<double>(p), 1e-3),
+          0.0);
     check("eigen (perturb after)",
           run<ExecSpace, double>(lather::EigenRootInverse{.perturb_before_computation = false}, rd.a,
                                  static_cast<double>(p), 1e-3),
           0.0);
-    check("newton", run<ExecSpace, double>(lather::CoupledNewtonRootInverse{}, rd.a, static_cast<double>(p), 1e-3),
+    check("newton",
+          run<ExecSpace, double>(lather::CoupledNewtonRootInverse{}, rd.a, static_cast<double>(p), 1e-3),
           1e-6);
-    check("higher-order (abs_epsilon, optimizer epsilon 0)", run<ExecSpace, double>(ho, rd.a, static_cast<double>(p), 0.0),
-          1e-8);
+    check("higher-order (abs_epsilon, optimizer epsilon 0)",
+          run<ExecSpace, double>(ho, rd.a, static_cast<double>(p), 0.0), 1e-8);
   }
 
   // epsilon = 0 with the perturbation rule: an exactly zero eigenvalue gives an infinite X (the
@@ -517,7 +530,8 @@ void impl_test_rank_deficient() {
     const Mat exact = from_spectrum(rd.q, s);
     CHECK(static_cast<double>(max_abs_diff(r.x, exact) / max_abs(exact)) <= 13 * u * kappa_range);
     const Mat xp_a = multiply(power(r.x, p), r.a);
-    CHECK(static_cast<double>(max_abs_diff(xp_a, rd.projector)) <= residual_bound(0.0, p, rd.n, u, kappa_range));
+    CHECK(static_cast<double>(max_abs_diff(xp_a, rd.projector)) <=
+          residual_bound(0.0, p, rd.n, u, kappa_range));
     // pseudo-inverse in float, default tolerances would keep the rounding-level eigenvalues: with
     // rank_rtol = n * eps they are cut as well.
     const Result rf = run<ExecSpace, float>(pseudo, rd.a, static_cast<double>(p), 0.0);
@@ -530,8 +544,8 @@ void impl_test_rank_deficient() {
     Mat d(3);
     d(0, 0) = 4;
     d(2, 2) = 1;
-    const Result r = run<ExecSpace, double>(lather::EigenRootInverse{.pseudo_inverse = lather::PseudoInverse{}}, d,
-                                            2.0, 0.0);
+    const Result r = run<ExecSpace, double>(
+        lather::EigenRootInverse{.pseudo_inverse = lather::PseudoInverse{}}, d, 2.0, 0.0);
     CHECK(r.status == RootInverseStatus::success);
     Mat expected(3);
     expected(0, 0) = 0.5L;
@@ -543,8 +557,9 @@ void impl_test_rank_deficient() {
   // iteration runs to its limit (the reference warns and returns X): max_iterations_reached.
   for (const bool is_double : {true, false}) {
     CAPTURE(is_double);
-    const RootInverseStatus s = is_double ? run<ExecSpace, double>(lather::CoupledNewtonRootInverse{}, singular, 2.0, 0.0).status
-                                          : run<ExecSpace, float>(lather::CoupledNewtonRootInverse{}, singular, 2.0, 0.0).status;
+    const RootInverseStatus s =
+        is_double ? run<ExecSpace, double>(lather::CoupledNewtonRootInverse{}, singular, 2.0, 0.0).status
+                  : run<ExecSpace, float>(lather::CoupledNewtonRootInverse{}, singular, 2.0, 0.0).status;
     CHECK(s == RootInverseStatus::max_iterations_reached);
   }
   // Higher order with eps' = 0 on a singular matrix: the true error is >= 1 > 0.1: failed. The
@@ -585,8 +600,9 @@ void ill_conditioned(const char* name, const Strategy& strategy, double tol) {
     const double rho = static_cast<double>(residual(r.x, p, r.a));
     const double bound = residual_bound(tol, p, n, u, static_cast<double>(kappa));
     CHECK_MESSAGE(rho <= bound, "residual " << rho << " > " << bound);
-    std::printf("[root-inverse] ill-conditioned %-29s %-6s p=%ld n=%zu kappa=1e8 residual %.2e (%.3f of its bound)\n",
-                name, ExecSpace::name(), p, n, rho, rho / bound);
+    std::printf(
+        "[root-inverse] ill-conditioned %-29s %-6s p=%ld n=%zu kappa=1e8 residual %.2e (%.3f of its bound)\n",
+        name, ExecSpace::name(), p, n, rho, rho / bound);
   }
 }
 
@@ -616,8 +632,8 @@ void impl_test_non_convergence() {
   CHECK(run<ExecSpace, double>(ho, a, 4.0, 0.0).status == RootInverseStatus::failed);
   // A tolerance of 0 cannot be met: both iterations end by count (Newton) or stagnation (higher
   // order's early stop, which the reference treats as usable).
-  const Result r0 = run<ExecSpace, double>(lather::CoupledNewtonRootInverse{.max_iterations = 30, .tolerance = 0.0},
-                                           a, 2.0, 0.0);
+  const Result r0 = run<ExecSpace, double>(
+      lather::CoupledNewtonRootInverse{.max_iterations = 30, .tolerance = 0.0}, a, 2.0, 0.0);
   CHECK(r0.status == RootInverseStatus::max_iterations_reached);
   auto ho0 = higher_order();
   ho0.tolerance = 0.0;
@@ -680,7 +696,8 @@ void impl_test_perturbation_rules() {
       std::vector<ld> shifted(n);
       for (std::size_t i = 0; i < n; ++i) shifted[i] = indefinite[i] - indefinite[0] + eps;
       const Mat exact = from_spectrum(q, inverse_root_of(shifted, static_cast<ld>(p)));
-      const Result r = run<ExecSpace, double>(eigen, from_spectrum(q, indefinite), static_cast<double>(p), 0.5);
+      const Result r =
+          run<ExecSpace, double>(eigen, from_spectrum(q, indefinite), static_cast<double>(p), 0.5);
       CHECK(r.status == RootInverseStatus::success);
       CHECK(static_cast<double>(max_abs_diff(r.x, exact) / max_abs(exact)) <= n * u * 10);
       std::vector<ld> psd_shifted(n);
@@ -713,7 +730,8 @@ void impl_test_precision() {
     return static_cast<double>(max_abs_diff(r.x, exact) / max_abs(exact));
   };
   const Result in_float = run<ExecSpace, float>(lather::EigenRootInverse{}, a, 4.0, 0.0);
-  const Result in_double = run<ExecSpace, float>(lather::EigenRootInverse{.compute_in_double = true}, a, 4.0, 0.0);
+  const Result in_double =
+      run<ExecSpace, float>(lather::EigenRootInverse{.compute_in_double = true}, a, 4.0, 0.0);
   CHECK(in_float.status == RootInverseStatus::success);
   CHECK(in_double.status == RootInverseStatus::success);
   CAPTURE(error(in_float));
@@ -722,11 +740,13 @@ void impl_test_precision() {
   // remain; in float the eigensolver's n u_float kappa error comes on top.
   CHECK(error(in_double) < error(in_float));
   CHECK(error(in_double) <= (1e4 / 4 + 2) * unit_roundoff<float>());
-  std::printf("[root-inverse] float data, n=64 kappa=1e4 root 4: EigenRootInverse forward error %.2e in float, "
-              "%.2e with compute_in_double\n",
-              error(in_float), error(in_double));
+  std::printf(
+      "[root-inverse] float data, n=64 kappa=1e4 root 4: EigenRootInverse forward error %.2e in float, "
+      "%.2e with compute_in_double\n",
+      error(in_float), error(in_double));
   // The same holds for the iterations.
-  const Result newton_double = run<ExecSpace, float>(lather::CoupledNewtonRootInverse{.compute_in_double = true}, a, 4.0, 0.0);
+  const Result newton_double =
+      run<ExecSpace, float>(lather::CoupledNewtonRootInverse{.compute_in_double = true}, a, 4.0, 0.0);
   CHECK(newton_double.status == RootInverseStatus::success);
   CHECK(error(newton_double) <= 1e-6 + (1e4 / 4 + 2) * unit_roundoff<float>());
 }
@@ -752,7 +772,8 @@ void impl_test_higher_order() {
   }
   // Fractional roots r = p/q: X = A^(-q/p), residual X^p A^q - I; also against EigenRootInverse's
   // definition (any real root) through the exact spectrum.
-  for (const auto& [root, p, qq] : {std::tuple{1.5, 3L, 2L}, std::tuple{4.0 / 3.0, 4L, 3L}, std::tuple{2.5, 5L, 2L}}) {
+  for (const auto& [root, p, qq] :
+       {std::tuple{1.5, 3L, 2L}, std::tuple{4.0 / 3.0, 4L, 3L}, std::tuple{2.5, 5L, 2L}}) {
     CAPTURE(root);
     const Mat exact = from_spectrum(q, inverse_root_of(d, static_cast<ld>(p) / static_cast<ld>(qq)));
     const Result r = run<ExecSpace, double>(higher_order(), a, root, 0.0);
@@ -782,17 +803,18 @@ template <class ExecSpace>
 void impl_test_options() {
   using lather::invalid_argument;
   CHECK(lather::to_string(RootInverseStatus::success) == std::string("success"));
-  CHECK(lather::to_string(RootInverseStatus::max_iterations_reached) == std::string("max_iterations_reached"));
+  CHECK(lather::to_string(RootInverseStatus::max_iterations_reached) ==
+        std::string("max_iterations_reached"));
   CHECK(lather::to_string(RootInverseStatus::failed) == std::string("failed"));
   CHECK(lather::to_string(RootInverseStatus::non_finite) == std::string("non_finite"));
   CHECK_FALSE(lather::is_usable(RootInverseStatus::failed));
 
-  CHECK_THROWS_WITH_AS((lather::CoupledNewtonRootInverse{.max_iterations = 0}.validate()), Contains("'max_iterations'"),
-                       invalid_argument);
-  CHECK_THROWS_WITH_AS((lather::CoupledNewtonRootInverse{.tolerance = -1}.validate()), Contains("'tolerance'"),
-                       invalid_argument);
-  CHECK_THROWS_WITH_AS((lather::CoupledHigherOrderRootInverse{}.validate()), Contains("'rel_epsilon' is required"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS((lather::CoupledNewtonRootInverse{.max_iterations = 0}.validate()),
+                       Contains("'max_iterations'"), invalid_argument);
+  CHECK_THROWS_WITH_AS((lather::CoupledNewtonRootInverse{.tolerance = -1}.validate()),
+                       Contains("'tolerance'"), invalid_argument);
+  CHECK_THROWS_WITH_AS((lather::CoupledHigherOrderRootInverse{}.validate()),
+                       Contains("'rel_epsilon' is required"), invalid_argument);
   CHECK_THROWS_WITH_AS((lather::CoupledHigherOrderRootInverse{.rel_epsilon = 0}.validate()),
                        Contains("'abs_epsilon' is required"), invalid_argument);
   auto ho = higher_order();
@@ -848,21 +870,23 @@ void impl_test_options() {
                        invalid_argument);
   CHECK_THROWS_WITH_AS(eigen.compute(ExecSpace(), ca, 2.0, 0.0, wrong), Contains("X must have A's shape"),
                        invalid_argument);
-  CHECK_THROWS_WITH_AS(eigen.compute(ExecSpace(), ca, 2.0, -1.0, x), Contains("epsilon = -1"), invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      (lather::EigenRootInverse{.pseudo_inverse = lather::PseudoInverse{}}.compute(ExecSpace(), ca, 2.0, 1e-12, x)),
-      Contains("must be 0 with 'pseudo_inverse'"), invalid_argument);
+  CHECK_THROWS_WITH_AS(eigen.compute(ExecSpace(), ca, 2.0, -1.0, x), Contains("epsilon = -1"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS((lather::EigenRootInverse{.pseudo_inverse = lather::PseudoInverse{}}.compute(
+                           ExecSpace(), ca, 2.0, 1e-12, x)),
+                       Contains("must be 0 with 'pseudo_inverse'"), invalid_argument);
   CHECK_THROWS_WITH_AS(lather::CoupledHigherOrderRootInverse{}.compute(ExecSpace(), ca, 2.0, 0.0, x),
                        Contains("'rel_epsilon' is required"), invalid_argument);
 
   // n = 0 and n = 1.
   Kokkos::View<double**, Kokkos::LayoutRight, M> empty("E", 0, 0);
-  CHECK(eigen.compute(ExecSpace(), Kokkos::View<const double**, Kokkos::LayoutRight, M>(empty), 2.0, 0.0, empty) ==
-        RootInverseStatus::success);
+  CHECK(eigen.compute(ExecSpace(), Kokkos::View<const double**, Kokkos::LayoutRight, M>(empty), 2.0, 0.0,
+                      empty) == RootInverseStatus::success);
   Mat one(1);
   one(0, 0) = 16;
-  for (const auto& r : {run<ExecSpace, double>(eigen, one, 4.0, 0.0), run<ExecSpace, double>(newton, one, 4.0, 0.0),
-                        run<ExecSpace, double>(higher_order(), one, 4.0, 0.0)}) {
+  for (const auto& r :
+       {run<ExecSpace, double>(eigen, one, 4.0, 0.0), run<ExecSpace, double>(newton, one, 4.0, 0.0),
+        run<ExecSpace, double>(higher_order(), one, 4.0, 0.0)}) {
     CHECK(r.status == RootInverseStatus::success);
     CHECK(static_cast<double>(std::fabs(r.x(0, 0) - 0.5L)) <= 1e-9);
   }
@@ -870,13 +894,14 @@ void impl_test_options() {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE_DEFINE("root inverse: EigenRootInverse accuracy sweep (roots 2-8, n 1-256)", ExecSpace, sweep_eigen) {
+TEST_CASE_TEMPLATE_DEFINE("root inverse: EigenRootInverse accuracy sweep (roots 2-8, n 1-256)", ExecSpace,
+                          sweep_eigen) {
   impl_test_sweep_eigen<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(sweep_eigen, lather_test_exec_spaces);
 
-TEST_CASE_TEMPLATE_DEFINE("root inverse: CoupledNewtonRootInverse accuracy sweep (roots 2-8, n 1-256)", ExecSpace,
-                          sweep_newton) {
+TEST_CASE_TEMPLATE_DEFINE("root inverse: CoupledNewtonRootInverse accuracy sweep (roots 2-8, n 1-256)",
+                          ExecSpace, sweep_newton) {
   impl_test_sweep_newton<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(sweep_newton, lather_test_exec_spaces);
@@ -887,7 +912,8 @@ TEST_CASE_TEMPLATE_DEFINE("root inverse: CoupledHigherOrderRootInverse accuracy 
 }
 TEST_CASE_TEMPLATE_APPLY(sweep_higher_order, lather_test_exec_spaces);
 
-TEST_CASE_TEMPLATE_DEFINE("root inverse: the reference's exact cases (diag(1,4), the 3x3 matrix)", ExecSpace, exact) {
+TEST_CASE_TEMPLATE_DEFINE("root inverse: the reference's exact cases (diag(1,4), the 3x3 matrix)", ExecSpace,
+                          exact) {
   impl_test_exact_cases<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(exact, lather_test_exec_spaces);
@@ -897,8 +923,8 @@ TEST_CASE_TEMPLATE_DEFINE("root inverse: repeated eigenvalues", ExecSpace, repea
 }
 TEST_CASE_TEMPLATE_APPLY(repeated_eigenvalues, lather_test_exec_spaces);
 
-TEST_CASE_TEMPLATE_DEFINE("root inverse: rank-deficient inputs, epsilon > 0 and = 0, pseudo-inverse", ExecSpace,
-                          rank_deficient) {
+TEST_CASE_TEMPLATE_DEFINE("root inverse: rank-deficient inputs, epsilon > 0 and = 0, pseudo-inverse",
+                          ExecSpace, rank_deficient) {
   impl_test_rank_deficient<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(rank_deficient, lather_test_exec_spaces);
@@ -908,13 +934,14 @@ TEST_CASE_TEMPLATE_DEFINE("root inverse: ill-conditioned inputs (cond 1e8, doubl
 }
 TEST_CASE_TEMPLATE_APPLY(ill, lather_test_exec_spaces);
 
-TEST_CASE_TEMPLATE_DEFINE("root inverse: non-convergence is reported, X stays usable", ExecSpace, non_convergence) {
+TEST_CASE_TEMPLATE_DEFINE("root inverse: non-convergence is reported, X stays usable", ExecSpace,
+                          non_convergence) {
   impl_test_non_convergence<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(non_convergence, lather_test_exec_spaces);
 
-TEST_CASE_TEMPLATE_DEFINE("root inverse: NaN and Inf input give failed or non_finite, never a throw", ExecSpace,
-                          nan_in) {
+TEST_CASE_TEMPLATE_DEFINE("root inverse: NaN and Inf input give failed or non_finite, never a throw",
+                          ExecSpace, nan_in) {
   impl_test_nan_input<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(nan_in, lather_test_exec_spaces);
@@ -924,12 +951,14 @@ TEST_CASE_TEMPLATE_DEFINE("root inverse: EigenRootInverse perturbation rules", E
 }
 TEST_CASE_TEMPLATE_APPLY(perturbation, lather_test_exec_spaces);
 
-TEST_CASE_TEMPLATE_DEFINE("root inverse: float data computed in double is more accurate", ExecSpace, precision) {
+TEST_CASE_TEMPLATE_DEFINE("root inverse: float data computed in double is more accurate", ExecSpace,
+                          precision) {
   impl_test_precision<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(precision, lather_test_exec_spaces);
 
-TEST_CASE_TEMPLATE_DEFINE("root inverse: higher-order orders 2-6 and fractional roots", ExecSpace, higher_order_cases) {
+TEST_CASE_TEMPLATE_DEFINE("root inverse: higher-order orders 2-6 and fractional roots", ExecSpace,
+                          higher_order_cases) {
   impl_test_higher_order<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(higher_order_cases, lather_test_exec_spaces);

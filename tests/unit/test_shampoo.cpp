@@ -281,7 +281,7 @@ void impl_test_resume() {
   lather::StateDict bad = saved;
   bad.tensors.at("state.0.block_0.shampoo.factor_matrices.0").shape = {3, 3};
   const auto before = c.state_dict();
-  CHECK_THROWS_WITH_AS(c.load_state_dict(bad), Contains("factor_matrices.0' must be a 4x4 matrix"),
+  CHECK_THROWS_WITH_AS(c.load_state_dict(bad), Contains("factor_matrices.0' must be a 4x4 packed (upper-triangle) matrix"),
                        lather::invalid_argument);
   CHECK(c.state_dict() == before);
 }
@@ -327,7 +327,162 @@ void impl_test_errors() {
   CHECK(opt.step_count() == 1);
 }
 
+// Symmetric packing stores the upper triangles only and changes nothing else, bit for bit;
+// exponent overrides: 0 = not preconditioned, per-dimension values, the legacy root options.
+template <class ExecSpace>
+void impl_test_packing_and_exponents() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  using Opt = lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdaGradGrafting, lather::ShampooPrecision<double>>;
+  auto run = [](const lather::ShampooOptions& o, std::vector<double>* factor_entries = nullptr, lather::StateDict* dict = nullptr) {
+    Kokkos::View<double**, M> w("w", 4, 3), g("g", 4, 3);
+    std::vector<P> params{lather::tensor_ref(w)};
+    lather::test::from_host(params[0], golden_w0());
+    Opt opt(params, o, {}, {.epsilon = 1e-8});
+    for (int t = 1; t <= 4; ++t) {
+      lather::test::from_host(lather::tensor_ref(g), golden_grad(t));
+      opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g)});
+    }
+    if (factor_entries) {
+      auto f = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt.factor_matrix(0, 0, 0));
+      factor_entries->assign(f.data(), f.data() + f.size());
+    }
+    if (dict) *dict = opt.state_dict();
+    return lather::test::to_host(params[0]);
+  };
+  lather::ShampooOptions base{.lr = 0.1, .epsilon = 1e-6, .max_preconditioner_dim = 4};
+  std::vector<double> packed_f, full_f;
+  lather::StateDict packed_d, full_d;
+  auto packed_opts = base;
+  auto full_opts = base;
+  full_opts.use_symmetric_packing = false;
+  const auto packed = run(packed_opts, &packed_f, &packed_d);
+  const auto full = run(full_opts, &full_f, &full_d);
+  // Factors agree bit for bit. Inverse roots computed as Q diag Q^T are symmetric only to
+  // rounding; packing keeps their upper triangle (as the reference does), so directions differ
+  // by a few ulps.
+  CHECK(packed_f == full_f);
+  lather::test::all_close(packed, full, 1e-13, 1e-15, "packed vs full storage");
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) CHECK(packed_f[4 * i + j] == packed_f[4 * j + i]);
+  CHECK(packed_d.at("state.0.block_0.shampoo.factor_matrices.0").shape == std::vector<std::int64_t>{10});
+  CHECK(packed_d.at("state.0.block_0.shampoo.factor_matrices.1").shape == std::vector<std::int64_t>{6});
+  CHECK(full_d.at("state.0.block_0.shampoo.factor_matrices.0").shape == std::vector<std::int64_t>{4, 4});
+  // The packed layout is the reference's: (i, j), i <= j, at i d - i (i - 1) / 2 + j - i.
+  const auto& pv = std::get<std::vector<double>>(packed_d.at("state.0.block_0.shampoo.factor_matrices.0").values);
+  CHECK(pv[4] == packed_f[1 * 4 + 1]);
+  CHECK(pv[9] == packed_f[3 * 4 + 3]);
+
+  // Exponent 0 for dimension 1: that dimension is not preconditioned and has no factor.
+  auto no_dim1 = base;
+  no_dim1.inverse_exponent_override = {{2, {.per_dimension = {{1, 0.0}}}}};
+  lather::StateDict d;
+  run(no_dim1, nullptr, &d);
+  CHECK(d.contains("state.0.block_0.shampoo.factor_matrices.0"));
+  CHECK_FALSE(d.contains("state.0.block_0.shampoo.factor_matrices.1"));
+  // The same exponent three ways: the new override, the legacy root and the legacy multiplier.
+  auto a = base, b = base, c = base;
+  a.inverse_exponent_override = {{2, {.all = 0.5}}};
+  b.inv_root_override = {2};
+  c.exponent_multiplier = 2.0;  // 2 / (2 * 2) = 0.5
+  const auto ra = run(a), rb = run(b), rc = run(c);
+  CHECK(ra == rb);
+  CHECK(ra == rc);
+  CHECK(ra != packed);
+}
+
+// A root-inverse policy written by a user: it always fails, to drive the failure counting.
+struct AlwaysFailingRootInverse {
+  template <class ExecSpace, class T, class MemorySpace>
+  lather::RootInverseStatus compute(const ExecSpace&, const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>&,
+                                    double, double, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>&) const {
+    return lather::RootInverseStatus::failed;
+  }
+  bool supports_root(double) const { return true; }
+  void validate() const {}
+};
+static_assert(lather::concepts::RootInverseStrategy<AlwaysFailingRootInverse>);
+
+// Failed root computations keep the previous inverse factor (identity here) and are counted;
+// the (tolerance + 1)-th consecutive failure raises and changes nothing.
+template <class ExecSpace>
+void impl_test_failure_tolerance() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  Kokkos::View<double**, M> w("w", 4, 3), g("g", 4, 3);
+  std::vector<P> params{lather::tensor_ref(w)};
+  lather::test::from_host(params[0], golden_w0());
+  lather::Shampoo<P, ExecSpace, AlwaysFailingRootInverse, lather::NoGrafting, lather::ShampooPrecision<double>> opt(
+      params, {.lr = 0.1, .betas = {0.0, 1.0}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
+               .num_tolerated_failed_amortized_computations = 2});
+  for (int t = 1; t <= 2; ++t) {
+    lather::test::from_host(lather::tensor_ref(g), golden_grad(t));
+    const auto before = lather::test::to_host(params[0]);
+    opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g)});
+    CHECK(opt.last_step_info().failed_root_computations == 1);
+    CHECK(opt.block(0, 0).consecutive_failures == t);
+    // Identity inverse factors: the update is plain SGD on the gradient.
+    const auto after = lather::test::to_host(params[0]);
+    const auto grad = golden_grad(t);
+    for (int e = 0; e < 12; ++e) CHECK(after[e] == doctest::Approx(before[e] - 0.1 * grad[e]).epsilon(1e-14));
+  }
+  const auto state = opt.state_dict();
+  const auto w_before = lather::test::to_host(params[0]);
+  lather::test::from_host(lather::tensor_ref(g), golden_grad(3));
+  CHECK_THROWS_WITH_AS(opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g)}),
+                       Contains("failed 3 times in a row, more than 'num_tolerated_failed_amortized_computations' = 2"),
+                       lather::runtime_error);
+  CHECK(opt.state_dict() == state);
+  CHECK(lather::test::to_host(params[0]) == w_before);
+}
+
+// Weight decay variants: corrected with lr == peak_lr is decoupled; independent with wd is
+// decoupled with wd / peak_lr.
+template <class ExecSpace>
+void impl_test_weight_decay_types() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  using Opt = lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<double>>;
+  auto run = [](lather::ShampooOptions o) {
+    Kokkos::View<double**, M> w("w", 4, 3), g("g", 4, 3);
+    std::vector<P> params{lather::tensor_ref(w)};
+    lather::test::from_host(params[0], golden_w0());
+    Opt opt(params, o, {}, {.epsilon = 1e-8});
+    for (int t = 1; t <= 3; ++t) {
+      lather::test::from_host(lather::tensor_ref(g), golden_grad(t));
+      opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g)});
+    }
+    return lather::test::to_host(params[0]);
+  };
+  const lather::ShampooOptions base{.lr = 0.1, .betas = {0.9, 0.999}, .epsilon = 1e-6, .weight_decay = 0.05,
+                                    .max_preconditioner_dim = 4};
+  auto corrected = base, independent = base, decoupled_scaled = base, l2 = base;
+  corrected.weight_decay_type = lather::WeightDecayType::corrected;
+  independent.weight_decay_type = lather::WeightDecayType::independent;
+  decoupled_scaled.weight_decay = 0.05 / 0.1;
+  l2.weight_decay_type = lather::WeightDecayType::l2;
+  const auto dec = run(base);
+  lather::test::all_close(run(corrected), dec, 1e-15, 1e-16, "corrected == decoupled when lr == peak_lr");
+  lather::test::all_close(run(independent), run(decoupled_scaled), 1e-15, 1e-16, "independent == decoupled wd/peak_lr");
+  CHECK(run(l2) != dec);
+}
+
 }  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: symmetric packing and exponent overrides", ExecSpace, shampoo_packing) {
+  impl_test_packing_and_exponents<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_packing, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: failed root computations are tolerated, then raise", ExecSpace, shampoo_failures) {
+  impl_test_failure_tolerance<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_failures, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: weight decay types", ExecSpace, shampoo_wd) {
+  impl_test_weight_decay_types<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_wd, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo: golden values of the reference (section 12)", ExecSpace, shampoo_golden) {
   impl_test_golden<ExecSpace>();

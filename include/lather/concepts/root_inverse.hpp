@@ -26,10 +26,14 @@ enum class RootInverseStatus { success, max_iterations_reached, failed, non_fini
 /// \brief The enumerator's name, e.g. "max_iterations_reached".
 [[nodiscard]] constexpr const char* to_string(RootInverseStatus status) noexcept {
   switch (status) {
-    case RootInverseStatus::success: return "success";
-    case RootInverseStatus::max_iterations_reached: return "max_iterations_reached";
-    case RootInverseStatus::failed: return "failed";
-    case RootInverseStatus::non_finite: return "non_finite";
+    case RootInverseStatus::success:
+      return "success";
+    case RootInverseStatus::max_iterations_reached:
+      return "max_iterations_reached";
+    case RootInverseStatus::failed:
+      return "failed";
+    case RootInverseStatus::non_finite:
+      return "non_finite";
   }
   return "unknown";
 }
@@ -59,11 +63,11 @@ concept RootInverseStrategy =
              Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace> x_double,
              Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace> a_float,
              Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> x_float) {
-      { s.compute(space, a_double, root, 0.0, x_double) } -> std::same_as<RootInverseStatus>;
-      { s.compute(space, a_float, root, 0.0, x_float) } -> std::same_as<RootInverseStatus>;
-      { s.supports_root(root) } -> std::convertible_to<bool>;
-      s.validate();
-    };
+  { s.compute(space, a_double, root, 0.0, x_double) } -> std::same_as<RootInverseStatus>;
+  { s.compute(space, a_float, root, 0.0, x_float) } -> std::same_as<RootInverseStatus>;
+  { s.supports_root(root) } -> std::convertible_to<bool>;
+  s.validate();
+};
 
 }  // namespace concepts
 }  // namespace lather

@@ -82,6 +82,9 @@ struct ShampooOptions {
   std::vector<int> inv_root_override{};  ///< legacy: one root for every order, or one per order (index = order); 0 = default
   double exponent_multiplier = 1.0;      ///< legacy: exponent = exponent_multiplier / root
   int num_tolerated_failed_amortized_computations = 3;
+  /// Store each factor and inverse factor as its row-major upper triangle, d (d + 1) / 2 values
+  /// (the reference's default; state-dict tensors are then 1-D).
+  bool use_symmetric_packing = true;
 
   /// The start step after the -1 rule.
   [[nodiscard]] std::int64_t start_step() const {
@@ -98,13 +101,20 @@ struct ShampooPrecision {
   using inverse_factor_type = InverseFactorScalar;
 };
 
-/// State of one Kronecker factor of one block.
+/// State of one Kronecker factor of one block: the factor and its inverse root, d x d
+/// symmetric, stored in full (row-major) or packed (row-major upper triangle).
 template <class F, class Finv, class MemorySpace>
 struct ShampooFactorState {
   bool preconditioned = false;
   double root = 0;  ///< the inverse root computed: X = A^(-1/root)
-  Kokkos::View<F**, Kokkos::LayoutRight, MemorySpace> factor;
-  Kokkos::View<Finv**, Kokkos::LayoutRight, MemorySpace> inverse_factor;
+  std::int64_t dim = 0;
+  bool packed = false;
+  Kokkos::View<F*, MemorySpace> factor;
+  Kokkos::View<Finv*, MemorySpace> inverse_factor;
+  [[nodiscard]] impl::kernels::SymmetricStorage<F> factor_storage() const { return {factor.data(), dim, packed}; }
+  [[nodiscard]] impl::kernels::SymmetricStorage<Finv> inverse_storage() const {
+    return {inverse_factor.data(), dim, packed};
+  }
 };
 
 /// State of one block of one parameter (its filtered gradient, grafting state and momentum live
@@ -278,6 +288,18 @@ class Shampoo {
     LATHER_THROW_IF(b >= p.blocks.size(), "lather::Shampoo: ", describe(i), " has no block ", b);
     return p.blocks[b];
   }
+  /// Factor matrix k of block b of parameter i as a full d x d matrix (a new view; unpacked when
+  /// stored packed). Fences.
+  [[nodiscard]] Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space> factor_matrix(std::size_t i, std::size_t b,
+                                                                                           std::size_t k) const {
+    return unpack(factor_of(i, b, k).factor_storage());
+  }
+  /// The inverse root of factor matrix k of block b of parameter i, as a full matrix. Fences.
+  [[nodiscard]] Kokkos::View<inverse_factor_type**, Kokkos::LayoutRight, memory_space> inverse_factor_matrix(
+      std::size_t i, std::size_t b, std::size_t k) const {
+    return unpack(factor_of(i, b, k).inverse_storage());
+  }
+
   /// Per-element state of parameter i in blocked order ("filtered_grad", "adagrad" (grafting),
   /// "momentum_buffer"); empty when not used.
   [[nodiscard]] vector_type state(std::size_t i, const std::string& name) const {
@@ -315,8 +337,8 @@ class Shampoo {
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
           const auto& f = blk.factors[k];
           if (!f.preconditioned) continue;
-          d.tensors[key + "shampoo.factor_matrices." + std::to_string(k)] = matrix_to_tensor(f.factor);
-          d.tensors[key + "shampoo.inv_factor_matrices." + std::to_string(k)] = matrix_to_tensor(f.inverse_factor);
+          d.tensors[key + "shampoo.factor_matrices." + std::to_string(k)] = storage_to_tensor(f.factor, f);
+          d.tensors[key + "shampoo.inv_factor_matrices." + std::to_string(k)] = storage_to_tensor(f.inverse_factor, f);
         }
         for (const char* name : {"filtered_grad", "adagrad", "momentum_buffer"}) {
           const vector_type v = state(i, name);
@@ -377,16 +399,18 @@ class Shampoo {
         failures[i].push_back(static_cast<int>(scalar_int(key + "consecutive_failures")));
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
           if (!blk.factors[k].preconditioned) continue;
-          const std::int64_t dk = blk.extent[k];
+          const auto& fs = blk.factors[k];
+          const std::vector<std::int64_t> want_shape =
+              fs.packed ? std::vector<std::int64_t>{fs.dim * (fs.dim + 1) / 2} : std::vector<std::int64_t>{fs.dim, fs.dim};
+          const auto want_size = static_cast<std::size_t>(impl::kernels::SymmetricStorage<factor_type>::size(fs.dim, fs.packed));
           for (int kind = 0; kind < 2; ++kind) {
             const std::string name =
                 key + (kind == 0 ? "shampoo.factor_matrices." : "shampoo.inv_factor_matrices.") + std::to_string(k);
             const StateTensor& t = entry(name);
             const bool dtype_ok = kind == 0 ? holds<factor_type>(t) : holds<inverse_factor_type>(t);
-            const bool shape_ok = t.shape == std::vector<std::int64_t>{dk, dk} &&
-                                  t.stored_size() == static_cast<std::size_t>(dk * dk);
-            LATHER_THROW_IF(!dtype_ok || !shape_ok,
-                            "lather::Shampoo::load_state_dict: '", name, "' must be a ", dk, "x", dk,
+            const bool shape_ok = t.shape == want_shape && t.stored_size() == want_size;
+            LATHER_THROW_IF(!dtype_ok || !shape_ok, "lather::Shampoo::load_state_dict: '", name, "' must be a ",
+                            fs.dim, "x", fs.dim, fs.packed ? " packed (upper-triangle)" : "",
                             " matrix of the ", kind == 0 ? "factor" : "inverse-factor", " precision");
             pending.push_back({&t, i, b, k, kind});
           }
@@ -416,9 +440,9 @@ class Shampoo {
     for (const auto& pe : pending) {
       auto& blk = m_params[pe.i].blocks[pe.b];
       if (pe.kind == 0) {
-        tensor_to_matrix(*pe.t, blk.factors[pe.k].factor);
+        tensor_to_storage(*pe.t, blk.factors[pe.k].factor);
       } else if (pe.kind == 1) {
-        tensor_to_matrix(*pe.t, blk.factors[pe.k].inverse_factor);
+        tensor_to_storage(*pe.t, blk.factors[pe.k].inverse_factor);
       } else {
         const char* name = pe.kind == 2 ? "filtered_grad" : pe.kind == 3 ? "adagrad" : "momentum_buffer";
         tensor_to_slice(*pe.t, state(pe.i, name), blk);
@@ -442,7 +466,8 @@ class Shampoo {
     vector_type filtered, graft_state, momentum;
     Kokkos::View<double**, memory_space> norms;  // per block: ||graft(Gbar)||^2, ||P||^2
     // Transactional amortized steps: factors before this step's update, root results pending.
-    std::vector<std::vector<Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>>> backup, result;
+    std::vector<std::vector<Kokkos::View<factor_type*, memory_space>>> backup;
+    std::vector<std::vector<Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>>> result;
   };
 
   // ---- construction --------------------------------------------------------------------------
@@ -554,13 +579,16 @@ class Shampoo {
                           f.root, " needed by dimension ", k, " of the order-", order, " blocks of ",
                           describe_name(m_params.size() - 1, p.name),
                           "; choose an exponent it supports (coupled Newton needs 1/exponent to be an integer)");
-          f.factor = decltype(f.factor)("lather::Shampoo::factor_matrix", dk, dk);
-          f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", dk, dk);
+          f.dim = static_cast<std::int64_t>(dk);
+          f.packed = o.use_symmetric_packing;
+          const auto stored = static_cast<std::size_t>(impl::kernels::SymmetricStorage<factor_type>::size(f.dim, f.packed));
+          f.factor = decltype(f.factor)("lather::Shampoo::factor_matrix", stored);
+          f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", stored);
           Kokkos::parallel_for("lather::Shampoo::identity",
                                Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
-                                   {0, 0}, {std::int64_t(dk), std::int64_t(dk)}),
-                               impl::kernels::SetIdentity<inverse_factor_type, memory_space>{f.inverse_factor});
-          p.backup.back().emplace_back("lather::Shampoo::factor_backup", dk, dk);
+                                   {0, 0}, {f.dim, f.dim}),
+                               impl::kernels::SetIdentity<inverse_factor_type>{f.inverse_storage()});
+          p.backup.back().emplace_back("lather::Shampoo::factor_backup", stored);
           p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
           if (m_scratch.find(dk) == m_scratch.end())
             m_scratch[dk] = Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>("lather::Shampoo::bias_corrected", dk, dk);
@@ -622,12 +650,11 @@ class Shampoo {
             continue;
           }
           if (s == RootInverseStatus::max_iterations_reached) ++m_info.root_computations_not_converged;
-          const auto dk = static_cast<std::int64_t>(f.factor.extent(0));
           Kokkos::parallel_for("lather::Shampoo::commit_inverse",
                                Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
-                                   space, {0, 0}, {dk, dk}),
-                               impl::kernels::ScaleCopy<factor_type, inverse_factor_type, memory_space>{
-                                   p.result[b][k], f.inverse_factor, factor_type(1), false});
+                                   space, {0, 0}, {f.dim, f.dim}),
+                               impl::kernels::PackCopy<factor_type, inverse_factor_type, memory_space>{
+                                   p.result[b][k], f.inverse_storage()});
         }
         if (failed) {
           ++p.blocks[b].consecutive_failures;
@@ -691,9 +718,9 @@ class Shampoo {
         Kokkos::parallel_for(
             "lather::Shampoo::factor_update",
             Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(space, {0, 0}, {d, d}),
-            impl::kernels::FactorUpdate<value_type, factor_type, memory_space>{
-                m_grad.data() + blk.begin, outer, d, inner, f.factor, factor_type(beta2), factor_type(weight),
-                beta2 != 1.0});
+            impl::kernels::FactorUpdate<value_type, factor_type>{m_grad.data() + blk.begin, outer, d, inner,
+                                                                 f.factor_storage(), factor_type(beta2),
+                                                                 factor_type(weight), beta2 != 1.0});
       }
     }
   }
@@ -726,13 +753,13 @@ class Shampoo {
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
           auto& f = blk.factors[k];
           if (!f.preconditioned) continue;
-          const auto dk = static_cast<std::int64_t>(f.factor.extent(0));
+          const std::int64_t dk = f.dim;
           auto a = m_scratch.at(static_cast<std::size_t>(dk));
           Kokkos::parallel_for("lather::Shampoo::bias_correct",
                                Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                                    space, {0, 0}, {dk, dk}),
-                               impl::kernels::ScaleCopy<factor_type, factor_type, memory_space>{
-                                   f.factor, a, factor_type(bc2), bias});
+                               impl::kernels::UnpackScaled<factor_type, memory_space>{
+                                   {f.factor.data(), f.dim, f.packed}, a, factor_type(bc2), bias});
           std::int64_t bad = 0;
           Kokkos::parallel_reduce("lather::Shampoo::check_factor",
                                   Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
@@ -804,8 +831,9 @@ class Shampoo {
           const vector_type& from = in_src ? src : dst;
           const vector_type& to = in_src ? dst : src;
           Kokkos::parallel_for("lather::Shampoo::precondition", Range(space, 0, outer * d * inner),
-                               impl::kernels::ModeProduct<value_type, inverse_factor_type, memory_space>{
-                                   from.data() + blk.begin, to.data() + blk.begin, d, inner, f.inverse_factor});
+                               impl::kernels::ModeProduct<value_type, inverse_factor_type>{
+                                   from.data() + blk.begin, to.data() + blk.begin, d, inner,
+                                   {f.inverse_factor.data(), f.dim, f.packed}});
           in_src = !in_src;
         }
         if (!in_src) {  // the block's result is in dst: bring it back to src
@@ -871,6 +899,25 @@ class Shampoo {
     LATHER_THROW_IF(i >= m_params.size(), "lather::Shampoo: no parameter ", i, " (there are ", m_params.size(), ")");
     return m_params[i];
   }
+  const ShampooFactorState<factor_type, inverse_factor_type, memory_space>& factor_of(std::size_t i, std::size_t b,
+                                                                                    std::size_t k) const {
+    const auto& blk = block(i, b);
+    LATHER_THROW_IF(k >= blk.factors.size() || !blk.factors[k].preconditioned, "lather::Shampoo: block ", b, " of ",
+                    describe(i), " has no factor matrix for dimension ", k);
+    return blk.factors[k];
+  }
+  template <class S>
+  static Kokkos::View<std::remove_const_t<S>**, Kokkos::LayoutRight, memory_space> unpack(
+      impl::kernels::SymmetricStorage<S> storage) {
+    using U = std::remove_const_t<S>;
+    Kokkos::View<U**, Kokkos::LayoutRight, memory_space> full("lather::Shampoo::unpacked", storage.d, storage.d);
+    Kokkos::parallel_for("lather::Shampoo::unpack",
+                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                             {0, 0}, {storage.d, storage.d}),
+                         impl::kernels::UnpackScaled<U, memory_space>{{storage.data, storage.d, storage.packed}, full, U(1), false});
+    ExecSpace().fence();
+    return full;
+  }
   static std::string describe_name(std::size_t i, const std::string& name) {
     return "parameter " + std::to_string(i) + (name.empty() ? std::string() : " ('" + name + "')");
   }
@@ -884,20 +931,21 @@ class Shampoo {
   static bool holds(const StateTensor& t) {
     return std::holds_alternative<std::vector<S>>(t.values);
   }
-  template <class M>
-  static StateTensor matrix_to_tensor(const M& m) {
-    using S = typename M::non_const_value_type;
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+  template <class V, class FS>
+  static StateTensor storage_to_tensor(const V& storage, const FS& f) {
+    using S = typename V::non_const_value_type;
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), storage);
     std::vector<S> v(h.data(), h.data() + h.size());
-    return StateTensor{{static_cast<std::int64_t>(m.extent(0)), static_cast<std::int64_t>(m.extent(1))}, std::move(v)};
+    std::vector<std::int64_t> shape = f.packed ? std::vector<std::int64_t>{static_cast<std::int64_t>(v.size())}
+                                               : std::vector<std::int64_t>{f.dim, f.dim};
+    return StateTensor{std::move(shape), std::move(v)};
   }
-  template <class M>
-  static void tensor_to_matrix(const StateTensor& t, const M& m) {
-    using S = typename M::non_const_value_type;
+  template <class V>
+  static void tensor_to_storage(const StateTensor& t, const V& storage) {
+    using S = typename V::non_const_value_type;
     const auto& v = std::get<std::vector<S>>(t.values);
-    Kokkos::View<const S**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
-        v.data(), m.extent(0), m.extent(1));
-    Kokkos::deep_copy(m, h);
+    Kokkos::View<const S*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(v.data(), v.size());
+    Kokkos::deep_copy(storage, h);
   }
   static StateTensor slice_to_tensor(const vector_type& v, const block_state_type& blk) {
     const auto n = numel_of(blk.extent);

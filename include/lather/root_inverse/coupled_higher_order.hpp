@@ -162,11 +162,13 @@ struct CoupledHigherOrderRootInverse {
   template <class ExecSpace, class T, class MemorySpace>
   RootInverseStatus compute(const ExecSpace& space,
                             const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, double root,
-                            double epsilon, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
+                            double epsilon,
+                            const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                   "lather::CoupledHigherOrderRootInverse: the matrix scalar must be float or double");
-    static_assert(Kokkos::SpaceAccessibility<ExecSpace, MemorySpace>::accessible,
-                  "lather::CoupledHigherOrderRootInverse: the execution space cannot access the matrices' memory");
+    static_assert(
+        Kokkos::SpaceAccessibility<ExecSpace, MemorySpace>::accessible,
+        "lather::CoupledHigherOrderRootInverse: the execution space cannot access the matrices' memory");
     validate();
     impl::check_root_inverse_arguments("CoupledHigherOrderRootInverse", a, x, root, supports_root(root),
                                        "a finite root in [2^-10, 2^20]", epsilon);
@@ -181,8 +183,9 @@ struct CoupledHigherOrderRootInverse {
 
  private:
   template <class C, class ExecSpace, class T, class MemorySpace>
-  RootInverseStatus run(const ExecSpace& space, const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a,
-                        impl::Rational r, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
+  RootInverseStatus run(const ExecSpace& space,
+                        const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, impl::Rational r,
+                        const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
     using ops_type = impl::kernels::MatrixOps<ExecSpace, C, MemorySpace>;
     const ops_type ops(space, static_cast<impl::kernels::index_type>(a.extent(0)));
     const auto p = static_cast<long long>(r.p), q = static_cast<long long>(r.q);

@@ -70,7 +70,8 @@ struct CoupledNewtonRootInverse {
   template <class ExecSpace, class T, class MemorySpace>
   RootInverseStatus compute(const ExecSpace& space,
                             const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, double root,
-                            double epsilon, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
+                            double epsilon,
+                            const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                   "lather::CoupledNewtonRootInverse: the matrix scalar must be float or double");
     static_assert(Kokkos::SpaceAccessibility<ExecSpace, MemorySpace>::accessible,
@@ -88,9 +89,9 @@ struct CoupledNewtonRootInverse {
 
  private:
   template <class C, class ExecSpace, class T, class MemorySpace>
-  RootInverseStatus run(const ExecSpace& space, const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a,
-                        long long p, double epsilon,
-                        const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
+  RootInverseStatus run(const ExecSpace& space,
+                        const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, long long p,
+                        double epsilon, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
     using ops_type = impl::kernels::MatrixOps<ExecSpace, C, MemorySpace>;
     const ops_type ops(space, static_cast<impl::kernels::index_type>(a.extent(0)));
     if (ops.count_non_finite(a) > 0) {

@@ -91,14 +91,15 @@ struct EigenRootInverse {
 
   /// \brief X ~ (A [+ eps I])^(-1/root) by the rule above; see RootInverseStatus.
   /// \param space where A was produced and X is consumed; fenced (this strategy runs on the host)
-  /// \param a symmetric n x n matrix (its lower triangle in column-major terms is read)
+  /// \param a symmetric n x n matrix (only its lower triangle, i >= j, is read)
   /// \param root r > 0
   /// \param epsilon the optimizer's epsilon, >= 0 (exactly 0 with `pseudo_inverse`)
   /// \param x n x n output; written only when the status is success or non_finite
   template <class ExecSpace, class T, class MemorySpace>
   RootInverseStatus compute(const ExecSpace& space,
                             const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, double root,
-                            double epsilon, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
+                            double epsilon,
+                            const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                   "lather::EigenRootInverse: the matrix scalar must be float or double");
     validate();
@@ -154,8 +155,8 @@ struct EigenRootInverse {
       for (std::size_t i = 0; i < n; ++i)
         for (std::size_t j = 0; j < n; ++j) x(i, j) = result[i * n + j];
     } else {
-      Kokkos::View<const T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
-          result.data(), n, n);
+      Kokkos::View<const T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+          h(result.data(), n, n);
       Kokkos::deep_copy(space, x, h);
       space.fence();  // `result` dies when the caller returns
     }
@@ -202,9 +203,11 @@ struct EigenRootInverse {
     std::vector<E> s(n);
     bool infinite = false;
     if (pseudo_inverse) {
-      const double rtol = pseudo_inverse->rank_rtol ? *pseudo_inverse->rank_rtol
-                                                    : static_cast<double>(n) * std::numeric_limits<E>::epsilon();
-      const double cut = std::max(pseudo_inverse->rank_atol, rtol * std::max(static_cast<double>(lambda[n - 1]), 0.0));
+      const double rtol = pseudo_inverse->rank_rtol
+                              ? *pseudo_inverse->rank_rtol
+                              : static_cast<double>(n) * std::numeric_limits<E>::epsilon();
+      const double cut =
+          std::max(pseudo_inverse->rank_atol, rtol * std::max(static_cast<double>(lambda[n - 1]), 0.0));
       for (std::size_t k = 0; k < n; ++k)
         s[k] = static_cast<double>(lambda[k]) <= cut ? E(0) : std::pow(lambda[k], exponent);
     } else {
@@ -232,11 +235,13 @@ struct EigenRootInverse {
     using host_matrix = Kokkos::View<E**, Kokkos::LayoutLeft,
                                      Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
                                      Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    using const_host_matrix = Kokkos::View<const E**, Kokkos::LayoutLeft,
-                                           Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
-                                           Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    impl::kernels::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "T", E(1), const_host_matrix(qs.data(), n, n),
-                        const_host_matrix(q.data(), n, n), E(0), host_matrix(x.data(), n, n));
+    using const_host_matrix =
+        Kokkos::View<const E**, Kokkos::LayoutLeft,
+                     Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
+                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    impl::kernels::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "T", E(1),
+                        const_host_matrix(qs.data(), n, n), const_host_matrix(q.data(), n, n), E(0),
+                        host_matrix(x.data(), n, n));
     bool finite = true;
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < n; ++j) {

@@ -19,12 +19,12 @@
 extern "C" {
 /// Eigenvalues (ascending) and eigenvectors of a real symmetric matrix, divide and conquer.
 void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
-             double* work, const int* lwork, int* iwork, const int* liwork, int* info,
-             std::size_t jobz_len, std::size_t uplo_len);
+             double* work, const int* lwork, int* iwork, const int* liwork, int* info, std::size_t jobz_len,
+             std::size_t uplo_len);
 /// Single-precision dsyevd_.
 void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const int* lda, float* w,
-             float* work, const int* lwork, int* iwork, const int* liwork, int* info,
-             std::size_t jobz_len, std::size_t uplo_len);
+             float* work, const int* lwork, int* iwork, const int* liwork, int* info, std::size_t jobz_len,
+             std::size_t uplo_len);
 }
 
 namespace lather::impl::lapack {
@@ -81,8 +81,8 @@ lapack_int syevd(lapack_int n, T* a, T* w) {
   // The query's answer can round down when stored in a float: never ask for less than the
   // documented minimum (1 + 6n + 2n^2 and 3 + 5n for jobz = 'V').
   const lapack_int lwork_min = 1 + 6 * n + 2 * n * n;
-  const lapack_int lwork = static_cast<lapack_int>(work_size) > lwork_min ? static_cast<lapack_int>(work_size)
-                                                                           : lwork_min;
+  const lapack_int lwork =
+      static_cast<lapack_int>(work_size) > lwork_min ? static_cast<lapack_int>(work_size) : lwork_min;
   const lapack_int liwork = iwork_size > 3 + 5 * n ? iwork_size : 3 + 5 * n;
   std::vector<T> work(static_cast<std::size_t>(lwork));
   std::vector<lapack_int> iwork(static_cast<std::size_t>(liwork));

@@ -14,9 +14,8 @@
 #include <lather/error.hpp>
 #include <lather/impl/math.hpp>
 
-#include <Kokkos_Core.hpp>
-
 #include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -217,17 +216,20 @@ class MatrixOps {
   /// Every element of `out` set to `value`.
   template <class Out>
   void fill(const Out& out, typename Out::non_const_value_type value) const {
-    Kokkos::parallel_for("lather::root_inverse::fill", elements(), matrix_functions::FillMatrix<Out>{out, value, m_n});
+    Kokkos::parallel_for("lather::root_inverse::fill", elements(),
+                         matrix_functions::FillMatrix<Out>{out, value, m_n});
   }
   /// `base = I - m`, `mp = b_last * base + b_second_last * I`.
   void horner_start(const matrix& base, const matrix& mp, const matrix& m, C b_last, C b_second_last) const {
-    Kokkos::parallel_for("lather::root_inverse::horner_start", elements(),
-                         matrix_functions::HornerStart<matrix, matrix>{base, mp, m, b_last, b_second_last, m_n});
+    Kokkos::parallel_for(
+        "lather::root_inverse::horner_start", elements(),
+        matrix_functions::HornerStart<matrix, matrix>{base, mp, m, b_last, b_second_last, m_n});
   }
   /// `out = in`, converted to `out`'s scalar.
   template <class Out, class In>
   void cast_copy(const Out& out, const In& in) const {
-    Kokkos::parallel_for("lather::root_inverse::cast_copy", elements(), matrix_functions::CastCopy<Out, In>{out, in, m_n});
+    Kokkos::parallel_for("lather::root_inverse::cast_copy", elements(),
+                         matrix_functions::CastCopy<Out, In>{out, in, m_n});
   }
 
   /// `c = alpha * a * b + beta * c`.
@@ -261,7 +263,8 @@ class MatrixOps {
   [[nodiscard]] double max_abs_minus_identity(const In& m) const {
     double result = 0;
     Kokkos::parallel_reduce("lather::root_inverse::max_abs_minus_identity", elements(),
-                            matrix_functions::MaxAbsMinusIdentity<In>{m, m_n, infinity()}, Kokkos::Max<double>(result));
+                            matrix_functions::MaxAbsMinusIdentity<In>{m, m_n, infinity()},
+                            Kokkos::Max<double>(result));
     return result;
   }
   /// max_i sum_j |a(i,j)| (+infinity when not finite).
@@ -269,22 +272,24 @@ class MatrixOps {
   [[nodiscard]] double max_abs_row_sum(const In& a) const {
     double result = 0;
     Kokkos::parallel_reduce("lather::root_inverse::max_abs_row_sum", policy(m_space, 0, m_n),
-                            matrix_functions::MaxAbsRowSum<In>{a, m_n, infinity()}, Kokkos::Max<double>(result));
+                            matrix_functions::MaxAbsRowSum<In>{a, m_n, infinity()},
+                            Kokkos::Max<double>(result));
     return result;
   }
   /// ||a||_F (accumulated in double).
   template <class In>
   [[nodiscard]] double frobenius_norm(const In& a) const {
     double sum = 0;
-    Kokkos::parallel_reduce("lather::root_inverse::frobenius_norm", elements(), matrix_functions::SumOfSquares<In>{a, m_n},
-                            sum);
+    Kokkos::parallel_reduce("lather::root_inverse::frobenius_norm", elements(),
+                            matrix_functions::SumOfSquares<In>{a, m_n}, sum);
     return std::sqrt(sum);
   }
   /// trace(a) (accumulated in double).
   template <class In>
   [[nodiscard]] double trace(const In& a) const {
     double sum = 0;
-    Kokkos::parallel_reduce("lather::root_inverse::trace", policy(m_space, 0, m_n), matrix_functions::Trace<In>{a}, sum);
+    Kokkos::parallel_reduce("lather::root_inverse::trace", policy(m_space, 0, m_n),
+                            matrix_functions::Trace<In>{a}, sum);
     return sum;
   }
   /// Number of NaN or Inf elements of `a`.

@@ -45,6 +45,26 @@ struct BlockedIndex {
   }
 };
 
+/// A symmetric d x d matrix stored in full (row-major) or as its row-major upper triangle
+/// (DistributedShampoo's symmetric packing: element (i, j), i <= j, at i d - i (i - 1) / 2 + j - i).
+template <class F>
+struct SymmetricStorage {
+  F* data = nullptr;
+  std::int64_t d = 0;
+  bool packed = false;
+  KOKKOS_INLINE_FUNCTION std::int64_t index(std::int64_t i, std::int64_t j) const {
+    if (!packed) return i * d + j;
+    if (i > j) {
+      const std::int64_t t = i;
+      i = j;
+      j = t;
+    }
+    return i * d - i * (i - 1) / 2 + (j - i);
+  }
+  KOKKOS_INLINE_FUNCTION F& operator()(std::int64_t i, std::int64_t j) const { return data[index(i, j)]; }
+  static constexpr std::int64_t size(std::int64_t d, bool packed) { return packed ? d * (d + 1) / 2 : d * d; }
+};
+
 /// Gb[blocked(i)] = g[i] (+ weight_decay * p[i] for L2 decay).
 template <class T, class MemorySpace>
 struct GatherGradient {
@@ -61,33 +81,35 @@ struct GatherGradient {
 };
 
 /// L = beta2 * L + w * G_(k) G_(k)^T for one block (G viewed as (outer, d, inner) row-major).
-/// The outer product is summed in the gradient type, as the reference does.
-template <class T, class F, class MemorySpace>
+/// The outer product is summed in the gradient type, as the reference does. Only the upper
+/// triangle is computed when the storage is packed.
+template <class T, class F>
 struct FactorUpdate {
   const T* block;
   std::int64_t outer, d, inner;
-  Kokkos::View<F**, Kokkos::LayoutRight, MemorySpace> factor;
+  SymmetricStorage<F> factor;
   F beta2, weight;
   bool scale;  // false when beta2 == 1 (the reference skips the multiply)
   KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    if (factor.packed && i > j) return;
     T s = 0;
     for (std::int64_t a = 0; a < outer; ++a) {
       const T* x = block + a * d * inner;
       for (std::int64_t b = 0; b < inner; ++b) s += x[i * inner + b] * x[j * inner + b];
     }
-    const F old = factor(i, j);
-    factor(i, j) = (scale ? old * beta2 : old) + weight * F(s);
+    F& l = factor(i, j);
+    l = (scale ? l * beta2 : l) + weight * F(s);
   }
 };
 
 /// Y[a, i, b] = sum_c X[a, c, b] * P(c, i): the mode-k product of one block with an inverse
 /// factor (the reference's tensordot(X, P, dims=([0],[0])) with its axis rotation).
-template <class T, class P, class MemorySpace>
+template <class T, class P>
 struct ModeProduct {
   const T* x;
   T* y;
   std::int64_t d, inner;
-  Kokkos::View<const P**, Kokkos::LayoutRight, MemorySpace> factor;
+  SymmetricStorage<const P> factor;
   KOKKOS_FUNCTION void operator()(std::int64_t e) const {
     const std::int64_t b = e % inner;
     const std::int64_t i = (e / inner) % d;
@@ -218,23 +240,38 @@ struct CountNonFiniteMatrix {
   }
 };
 
-/// out = in / divisor, converting types (bias-corrected factor, or result to inverse factor).
-template <class In, class Out, class MemorySpace>
-struct ScaleCopy {
-  Kokkos::View<const In**, Kokkos::LayoutRight, MemorySpace> in;
-  Kokkos::View<Out**, Kokkos::LayoutRight, MemorySpace> out;
-  In divisor;
+/// Full matrix out = stored / divisor (the bias-corrected factor for the root computation).
+template <class F, class MemorySpace>
+struct UnpackScaled {
+  SymmetricStorage<const F> in;
+  Kokkos::View<F**, Kokkos::LayoutRight, MemorySpace> out;
+  F divisor;
   bool divide;
   KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
-    out(i, j) = Out(divide ? in(i, j) / divisor : in(i, j));
+    out(i, j) = divide ? in(i, j) / divisor : in(i, j);
   }
 };
 
-/// An identity matrix (the inverse factors' initial value).
-template <class F, class MemorySpace>
+/// Stores a full matrix (a root result) into (possibly packed) storage of another type. Packed
+/// storage keeps the upper triangle, as the reference's pack_upper_triangular.
+template <class In, class Out, class MemorySpace>
+struct PackCopy {
+  Kokkos::View<const In**, Kokkos::LayoutRight, MemorySpace> in;
+  SymmetricStorage<Out> out;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    if (out.packed && i > j) return;
+    out(i, j) = Out(in(i, j));
+  }
+};
+
+/// Identity into (possibly packed) storage: the inverse factors' initial value.
+template <class F>
 struct SetIdentity {
-  Kokkos::View<F**, Kokkos::LayoutRight, MemorySpace> a;
-  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const { a(i, j) = i == j ? F(1) : F(0); }
+  SymmetricStorage<F> a;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    if (a.packed && i > j) return;
+    a(i, j) = i == j ? F(1) : F(0);
+  }
 };
 
 }  // namespace lather::impl::kernels
