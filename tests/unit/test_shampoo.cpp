@@ -467,7 +467,44 @@ void impl_test_weight_decay_types() {
   CHECK(run(l2) != dec);
 }
 
+// Parameters of rank 0 to 5 and zero size: layouts as the reference merges them, and a step
+// whose direction equals an independent computation for the scalar (a 1x1 factor: AdaGrad-like).
+template <class ExecSpace>
+void impl_test_ranks() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  Kokkos::View<double, M> s("s");
+  Kokkos::View<double*****, M> t5("t5", 2, 1, 3, 2, 2);
+  Kokkos::View<double**, M> empty("empty", 0, 3);
+  Kokkos::View<double, M> gs("gs");
+  Kokkos::View<double*****, M> g5("g5", 2, 1, 3, 2, 2);
+  Kokkos::View<double**, M> gempty("gempty", 0, 3);
+  std::vector<P> params{lather::tensor_ref(s), lather::tensor_ref(t5), lather::tensor_ref(empty)};
+  Kokkos::deep_copy(s, 1.0);
+  lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::NoGrafting, lather::ShampooPrecision<double>> opt(
+      params, {.lr = 0.1, .betas = {0.0, 1.0}, .epsilon = 1e-12, .max_preconditioner_dim = 4,
+               .target_parameter_dimensionality = 3});
+  CHECK(opt.layout(0).merged_shape == std::vector<std::int64_t>{1});
+  CHECK(opt.layout(1).merged_shape == std::vector<std::int64_t>{2, 3, 4});  // (2,1,3,2,2) -> target 3
+  CHECK(opt.layout(2).merged_shape == std::vector<std::int64_t>{0});
+  CHECK(opt.num_blocks(2) == 0);  // zero-size parameters are skipped entirely
+  Kokkos::deep_copy(gs, 0.5);
+  lather::test::from_host(lather::tensor_ref(g5), lather::test::random_values(24, 9));
+  opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(gs), lather::tensor_ref(g5), lather::tensor_ref(gempty)});
+  // Scalar: L = g^2 = 0.25, root 2: P = (0.25 + 1e-12)^(-1/2) * 0.5 = 1 (to 1e-12), s = 1 - 0.1.
+  double hs = 0;
+  Kokkos::deep_copy(hs, s);
+  CHECK(hs == doctest::Approx(0.9).epsilon(1e-11));
+  CHECK(opt.block(1, 0).factors.size() == 3);
+  for (double v : lather::test::to_host(params[1])) CHECK(std::isfinite(v));
+}
+
 }  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: parameters of rank 0 to 5 and zero size", ExecSpace, shampoo_ranks) {
+  impl_test_ranks<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_ranks, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo: symmetric packing and exponent overrides", ExecSpace, shampoo_packing) {
   impl_test_packing_and_exponents<ExecSpace>();

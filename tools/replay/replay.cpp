@@ -27,6 +27,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -101,9 +102,29 @@ xt::xarray<T> load(const fs::path& path) {
     in.seekg(0);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const bool is_f4 = text.find("'<f4'") != std::string::npos && text.find("'<f4'") < 128;
+    // The .npy header gives the shape; a file shorter (or longer) than header + data is corrupt.
+    // (xtensor reads a truncated file without complaint, so this check is ours.)
+    const auto major = static_cast<unsigned char>(text[6]);
+    std::size_t header_end = 0;
+    if (major == 1) {
+      header_end = 10 + (static_cast<unsigned char>(text[8]) | (static_cast<unsigned char>(text[9]) << 8));
+    } else if (major == 2 || major == 3) {
+      if (text.size() < 12) fail(path.string() + ": truncated .npy header");
+      header_end = 12 + (static_cast<std::size_t>(static_cast<unsigned char>(text[8])) |
+                         (static_cast<std::size_t>(static_cast<unsigned char>(text[9])) << 8) |
+                         (static_cast<std::size_t>(static_cast<unsigned char>(text[10])) << 16) |
+                         (static_cast<std::size_t>(static_cast<unsigned char>(text[11])) << 24));
+    } else {
+      fail(path.string() + ": unsupported .npy format version " + std::to_string(major));
+    }
+    if (header_end > text.size()) fail(path.string() + ": truncated .npy header");
     std::istringstream s(text);
-    if (is_f4) return xt::xarray<T>(xt::load_npy<float>(s));
-    return xt::xarray<T>(xt::load_npy<double>(s));
+    xt::xarray<T> a = is_f4 ? xt::xarray<T>(xt::load_npy<float>(s)) : xt::xarray<T>(xt::load_npy<double>(s));
+    const std::size_t want = header_end + a.size() * (is_f4 ? 4 : 8);
+    if (text.size() != want)
+      fail(path.string() + ": the file has " + std::to_string(text.size()) + " bytes but its header describes " +
+           std::to_string(want) + " (truncated or corrupt .npy)");
+    return a;
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();
     if (what.rfind(path.string(), 0) == 0) throw;
