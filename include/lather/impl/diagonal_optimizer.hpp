@@ -9,6 +9,7 @@
 #include <lather/concepts/execution.hpp>
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
+#include <lather/impl/gradients.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/option_check.hpp>
 #include <lather/io/state_dict.hpp>
@@ -105,9 +106,7 @@ class DiagonalOptimizer {
       }
     }
     m_group_begin.push_back(m_params.size());
-    m_nonfinite = Kokkos::View<std::int64_t*, memory_space>(
-        std::string("lather::") + Algorithm::name + "::nonfinite_counts", m_params.size());
-    m_nonfinite_host = Kokkos::create_mirror_view(m_nonfinite);
+    m_intake = GradientIntake<value_type, memory_space, ExecSpace>(Algorithm::name, m_params.size());
     m_states.resize(m_params.size());
     for (std::size_t i = 0; i < m_params.size(); ++i) allocate_needed(i);
   }
@@ -130,26 +129,15 @@ class DiagonalOptimizer {
                   "lather: gradient value_type must equal the parameters' value_type");
     static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename gtraits::memory_space>::accessible,
                   "lather: the execution space cannot access the gradients' memory space");
-    const std::size_t n = std::ranges::size(grads);
-    LATHER_THROW_IF(n != m_params.size(), "lather::", Algorithm::name, "::step: got ", n,
-                    " gradients for ", m_params.size(), " parameters; pass one per parameter (an "
-                    "empty tensor for a parameter without a gradient)");
-    std::vector<TensorRef<const value_type, memory_space>> g(n);
+    const auto describe_param = [this](std::size_t i) { return describe(i); };
+    const auto g = m_intake.convert(grads, m_params, describe_param);
+    if (m_check_finite)
+      m_intake.check_finite(space, g, m_params, describe_param,
+                            "Skip this batch, lower the learning rate or add gradient clipping "
+                            "(set_check_finite(false) disables this check)");
+    const std::size_t n = g.size();
     for (std::size_t i = 0; i < n; ++i) {
-      auto r = tensor_ref(grads[i]);
-      // Re-tagged with the parameters' memory space: both are accessible from ExecSpace.
-      g[i] = TensorRef<const value_type, memory_space>(r.data(), shape_of(r), strides_of(r));
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!has_gradient(g[i], m_params[i])) continue;
-      LATHER_THROW_IF(!g[i].same_shape(m_params[i]), "lather::", Algorithm::name, "::step: ",
-                      describe(i), " has shape ", m_params[i].shape_string(),
-                      " but its gradient has shape ", g[i].shape_string(),
-                      "; pass gradients in parameter order with matching shapes");
-    }
-    if (m_check_finite) check_finite_gradients(space, g);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
+      if (!m_intake.has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
       const options_type& o = m_group_options[m_group_of[i]];
       allocate_needed(i);
       state_type& s = m_states[i];
@@ -355,46 +343,6 @@ class DiagonalOptimizer {
   }
 
  private:
-  // Counts non-finite gradient elements per parameter on the device, then reads all counts with
-  // one copy, so the whole check costs one pass over the gradients and one fence.
-  template <class GradRefs>
-  void check_finite_gradients(const ExecSpace& space, const GradRefs& g) {
-    Kokkos::deep_copy(space, m_nonfinite, 0);
-    const auto counts = m_nonfinite;
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      if (!has_gradient(g[i], m_params[i]) || g[i].size() == 0) continue;
-      Kokkos::parallel_for(
-          std::string("lather::") + Algorithm::name + "::check_finite",
-          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, g[i].size()),
-          kernels::CountNonFinite<value_type, memory_space>{g[i], counts, i});
-    }
-    Kokkos::deep_copy(space, m_nonfinite_host, m_nonfinite);
-    space.fence();
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      LATHER_THROW_IF(m_nonfinite_host(i) != 0, "lather::", Algorithm::name, "::step: the gradient of ",
-                      describe(i), " has ", m_nonfinite_host(i), " NaN or Inf value(s) out of ",
-                      g[i].size(), "; nothing was changed. Skip this batch, lower the learning rate "
-                      "or add gradient clipping (set_check_finite(false) disables this check)");
-    }
-  }
-
-  // A gradient without data stands for torch's `grad is None` (a zero-size parameter needs none).
-  template <class R>
-  static bool has_gradient(const R& g, const tensor_type& p) {
-    return g.data() != nullptr || p.size() == 0;
-  }
-  template <class R>
-  static std::vector<std::int64_t> shape_of(const R& r) {
-    std::vector<std::int64_t> s(static_cast<std::size_t>(r.rank()));
-    for (int k = 0; k < r.rank(); ++k) s[k] = r.extent(k);
-    return s;
-  }
-  template <class R>
-  static std::vector<std::int64_t> strides_of(const R& r) {
-    std::vector<std::int64_t> s(static_cast<std::size_t>(r.rank()));
-    for (int k = 0; k < r.rank(); ++k) s[k] = r.stride(k);
-    return s;
-  }
   static const char* dtype_name() { return std::is_same_v<value_type, float> ? "float32" : "float64"; }
   static std::string format_name() { return std::string("lather.") + Algorithm::name + ".v1"; }
   static std::string field_list() {
@@ -502,10 +450,7 @@ class DiagonalOptimizer {
   std::vector<options_type> m_group_options;
   std::vector<state_type> m_states;
   bool m_check_finite = true;
-  Kokkos::View<std::int64_t*, memory_space> m_nonfinite;
-  // `auto`-typed mirror: View::HostMirror is deprecated in Kokkos 5.
-  decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, memory_space>>()))
-      m_nonfinite_host;
+  GradientIntake<value_type, memory_space, ExecSpace> m_intake;
 };
 
 }  // namespace lather::impl

@@ -17,6 +17,7 @@
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
 #include <lather/grafting/grafting.hpp>
+#include <lather/impl/gradients.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
 #include <lather/impl/option_check.hpp>
@@ -206,8 +207,7 @@ class Shampoo {
     m_grad = vector_type("lather::Shampoo::blocked_grad", max_numel);
     m_work0 = vector_type("lather::Shampoo::work0", max_numel);
     m_work1 = vector_type("lather::Shampoo::work1", max_numel);
-    m_nonfinite = Kokkos::View<std::int64_t*, memory_space>("lather::Shampoo::nonfinite", m_params.size());
-    m_nonfinite_host = Kokkos::create_mirror_view(m_nonfinite);
+    m_intake = impl::GradientIntake<value_type, memory_space, ExecSpace>("Shampoo", m_params.size());
   }
 
   // ---- the step ------------------------------------------------------------------------------
@@ -224,24 +224,15 @@ class Shampoo {
     using G = std::ranges::range_value_t<Grads>;
     static_assert(std::is_same_v<typename impl::traits_of<G>::value_type, value_type>,
                   "lather::Shampoo: gradient value_type must equal the parameters' value_type");
-    const std::size_t n = std::ranges::size(grads);
-    LATHER_THROW_IF(n != m_params.size(), "lather::Shampoo::step: got ", n, " gradients for ",
-                    m_params.size(), " parameters; pass one per parameter");
-    std::vector<TensorRef<const value_type, memory_space>> g(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      auto r = tensor_ref(grads[i]);
-      std::vector<std::int64_t> shape(static_cast<std::size_t>(r.rank())), strides(shape.size());
-      for (int k = 0; k < r.rank(); ++k) {
-        shape[k] = r.extent(k);
-        strides[k] = r.stride(k);
-      }
-      g[i] = TensorRef<const value_type, memory_space>(r.data(), shape, strides);
-      if (g[i].data() == nullptr && m_params[i].param.size() > 0) continue;
-      LATHER_THROW_IF(!g[i].same_shape(m_params[i].param), "lather::Shampoo::step: ", describe(i),
-                      " has shape ", m_params[i].param.shape_string(), " but its gradient has shape ",
-                      g[i].shape_string());
-    }
-    check_finite_gradients(space, g);
+    static_assert(
+        Kokkos::SpaceAccessibility<ExecSpace, typename impl::traits_of<G>::memory_space>::accessible,
+        "lather::Shampoo: the execution space cannot access the gradients' memory space");
+    std::vector<tensor_type> params(m_params.size());
+    for (std::size_t i = 0; i < m_params.size(); ++i) params[i] = m_params[i].param;
+    const auto describe_param = [this](std::size_t i) { return describe(i); };
+    const auto g = m_intake.convert(grads, params, describe_param);
+    m_intake.check_finite(space, g, params, describe_param,
+                          "Skip this batch, lower the learning rate or clip gradients");
 
     // Step counters advance for every group (as the reference does, with or without gradients).
     for (auto& grp : m_groups) grp.step += 1;
@@ -866,25 +857,6 @@ class Shampoo {
                              value_type(1.0 - o.dampening), value_type(o.lr), o.momentum != 0.0, o.use_nesterov});
   }
 
-  template <class TR>
-  void check_finite_gradients(const ExecSpace& space, const std::vector<TR>& g) {
-    const auto counts = m_nonfinite;
-    Kokkos::deep_copy(space, counts, 0);
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      if (!active(i, g)) continue;
-      Kokkos::parallel_for("lather::Shampoo::check_finite",
-                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, g[i].size()),
-                           impl::kernels::CountNonFinite<value_type, memory_space>{g[i], counts, i});
-    }
-    auto h = m_nonfinite_host;
-    Kokkos::deep_copy(space, h, counts);
-    space.fence();
-    for (std::size_t i = 0; i < g.size(); ++i)
-      LATHER_THROW_IF(h(i) != 0, "lather::Shampoo::step: the gradient of ", describe(i), " has ", h(i),
-                      " NaN or Inf value(s); nothing was changed. Skip this batch, lower the learning rate or "
-                      "clip gradients");
-  }
-
   // ---- helpers -------------------------------------------------------------------------------
 
   const GroupState& group(std::size_t g) const {
@@ -969,8 +941,7 @@ class Shampoo {
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
   vector_type m_grad, m_work0, m_work1;
   impl::ShampooStepInfo m_info;
-  Kokkos::View<std::int64_t*, memory_space> m_nonfinite;
-  decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, memory_space>>())) m_nonfinite_host;
+  impl::GradientIntake<value_type, memory_space, ExecSpace> m_intake;
 };
 
 template <class P>
