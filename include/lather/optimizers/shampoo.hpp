@@ -27,6 +27,7 @@
 #include <lather/root_inverse/eigen_root_inverse.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <KokkosBlas3_gemm.hpp>
 
 #include <array>
 #include <cmath>
@@ -547,6 +548,7 @@ class Shampoo {
       p.index.grid[j] = o.max_preconditioner_dim == unbounded ? 1 : (merged[j] + o.max_preconditioner_dim - 1) / o.max_preconditioner_dim;
     }
     p.index.block_begin = p.block_begin;
+    p.index.identity = p.layout.blocks.size() == 1;
     const auto numel = static_cast<std::size_t>(p.layout.numel());
     if (o.betas[0] != 0.0) p.filtered = vector_type("lather::Shampoo::filtered_grad", numel);
     if (Grafting::has_state) p.graft_state = vector_type("lather::Shampoo::grafting_state", numel);
@@ -581,6 +583,8 @@ class Shampoo {
                                impl::kernels::SetIdentity<inverse_factor_type>{f.inverse_storage()});
           p.backup.back().emplace_back("lather::Shampoo::factor_backup", stored);
           p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
+          if (m_gram.find(dk) == m_gram.end())
+            m_gram[dk] = vector_type("lather::Shampoo::gram", dk * dk);
           if (m_scratch.find(dk) == m_scratch.end())
             m_scratch[dk] = Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>("lather::Shampoo::bias_corrected", dk, dk);
         } else {
@@ -687,6 +691,29 @@ class Shampoo {
                              g, p.param, p.index, m_grad, value_type(l2 ? o.weight_decay : 0.0)});
   }
 
+  // Column-major unmanaged matrices on ExecSpace: a row-major (r x c) block is the column-major
+  // (c x r) matrix at the same address, which is what BLAS wants.
+  using blas_matrix_type = Kokkos::View<value_type**, Kokkos::LayoutLeft, Kokkos::Device<ExecSpace, memory_space>,
+                                        Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  static blas_matrix_type blas_matrix(value_type* data, std::int64_t rows, std::int64_t cols) {
+    return blas_matrix_type(data, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
+  }
+  // A d x d work matrix of the parameters' type (Gram matrices, unpacked inverse factors);
+  // allocated once per size at construction.
+  blas_matrix_type gram_scratch(std::int64_t d) const {
+    const auto& v = m_gram.at(static_cast<std::size_t>(d));
+    return blas_matrix_type(v.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(d));
+  }
+  // KokkosBlas::gemm without an execution-space argument (the instance overload is Kernels 4.1+)
+  // runs on the views' device, here ExecSpace's default instance: fence the given instance before
+  // and the default one after, so the product is ordered with the kernels queued on `space`.
+  static void gemm(const ExecSpace& space, const char* ta, const char* tb, value_type alpha, const blas_matrix_type& a,
+                   const blas_matrix_type& b, value_type beta, const blas_matrix_type& c) {
+    space.fence();
+    KokkosBlas::gemm(ta, tb, alpha, a, b, beta, c);
+    ExecSpace().fence();
+  }
+
   // (outer, d, inner) of dimension k of a block.
   static std::array<std::int64_t, 3> unfold(const std::vector<std::int64_t>& e, std::size_t k) {
     std::int64_t outer = 1, inner = 1;
@@ -706,12 +733,23 @@ class Shampoo {
         if (!f.preconditioned) continue;
         if (amortize) Kokkos::deep_copy(space, p.backup[b][k], f.factor);
         const auto [outer, d, inner] = unfold(blk.extent, k);
-        Kokkos::parallel_for(
-            "lather::Shampoo::factor_update",
-            Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(space, {0, 0}, {d, d}),
-            impl::kernels::FactorUpdate<value_type, factor_type>{m_grad.data() + blk.begin, outer, d, inner,
-                                                                 f.factor_storage(), factor_type(beta2),
-                                                                 factor_type(weight), beta2 != 1.0});
+        using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
+        if (outer == 1 || inner == 1) {
+          // A first or last dimension: the Gram matrix is one GEMM (vendor BLAS where Kokkos
+          // Kernels has it), then combined with the reference's formula.
+          auto gram = gram_scratch(d);
+          const auto x = blas_matrix(m_grad.data() + blk.begin, outer == 1 ? inner : d, outer == 1 ? d : outer);
+          if (outer == 1) gemm(space, "T", "N", value_type(1), x, x, value_type(0), gram);  // X X^T
+          else gemm(space, "N", "T", value_type(1), x, x, value_type(0), gram);             // X^T X
+          Kokkos::parallel_for("lather::Shampoo::factor_combine", MD(space, {0, 0}, {d, d}),
+                               impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
+                                   gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
+        } else {
+          Kokkos::parallel_for("lather::Shampoo::factor_update", MD(space, {0, 0}, {d, d}),
+                               impl::kernels::FactorUpdate<value_type, factor_type>{
+                                   m_grad.data() + blk.begin, outer, d, inner, f.factor_storage(),
+                                   factor_type(beta2), factor_type(weight), beta2 != 1.0});
+        }
       }
     }
   }
@@ -821,6 +859,29 @@ class Shampoo {
           const auto [outer, d, inner] = unfold(blk.extent, k);
           const vector_type& from = in_src ? src : dst;
           const vector_type& to = in_src ? dst : src;
+          if constexpr (std::is_same_v<value_type, inverse_factor_type>) {
+            if (outer == 1 || inner == 1) {
+              // One GEMM with the (unpacked) inverse factor P: Y = P^T X (first dimension) or
+              // X P (last), in column-major terms on the row-major block.
+              auto pm = gram_scratch(d);
+              Kokkos::parallel_for("lather::Shampoo::unpack_inverse",
+                                   Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                       space, {0, 0}, {d, d}),
+                                   impl::kernels::Unpack<inverse_factor_type, blas_matrix_type>{
+                                       {f.inverse_factor.data(), f.dim, f.packed}, pm});
+              if (outer == 1) {
+                const auto x = blas_matrix(from.data() + blk.begin, inner, d);
+                const auto y = blas_matrix(to.data() + blk.begin, inner, d);
+                gemm(space, "N", "N", value_type(1), x, pm, value_type(0), y);
+              } else {
+                const auto x = blas_matrix(from.data() + blk.begin, d, outer);
+                const auto y = blas_matrix(to.data() + blk.begin, d, outer);
+                gemm(space, "T", "N", value_type(1), pm, x, value_type(0), y);
+              }
+              in_src = !in_src;
+              continue;
+            }
+          }
           Kokkos::parallel_for("lather::Shampoo::precondition", Range(space, 0, outer * d * inner),
                                impl::kernels::ModeProduct<value_type, inverse_factor_type>{
                                    from.data() + blk.begin, to.data() + blk.begin, d, inner,
@@ -939,6 +1000,7 @@ class Shampoo {
   std::vector<GroupState> m_groups;
   std::vector<ParamState> m_params;
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
+  std::map<std::size_t, vector_type> m_gram;
   vector_type m_grad, m_work0, m_work1;
   impl::ShampooStepInfo m_info;
   impl::GradientIntake<value_type, memory_space, ExecSpace> m_intake;

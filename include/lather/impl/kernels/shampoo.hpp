@@ -25,9 +25,11 @@ struct BlockedIndex {
   std::int64_t dims[max_tensor_rank] = {};    // merged shape
   std::int64_t grid[max_tensor_rank] = {};    // blocks per dimension
   std::int64_t block_size = 1;
+  bool identity = false;  // one block: blocked order is the row-major order itself
   Kokkos::View<const std::int64_t*, MemorySpace> block_begin;
 
   KOKKOS_FUNCTION std::int64_t operator()(std::int64_t flat) const {
+    if (identity) return flat;
     std::int64_t m[max_tensor_rank];
     for (int j = rank - 1; j >= 0; --j) {
       m[j] = flat % dims[j];
@@ -100,6 +102,29 @@ struct FactorUpdate {
     F& l = factor(i, j);
     l = (scale ? l * beta2 : l) + weight * F(s);
   }
+};
+
+/// L = beta2 * L + w * S from a precomputed Gram matrix S = G_(k) G_(k)^T (the GEMM path; the
+/// same formula and types as FactorUpdate).
+template <class T, class F, class GramView>
+struct FactorCombine {
+  GramView gram;
+  SymmetricStorage<F> factor;
+  F beta2, weight;
+  bool scale;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    if (factor.packed && i > j) return;
+    F& l = factor(i, j);
+    l = (scale ? l * beta2 : l) + weight * F(T(gram(i, j)));
+  }
+};
+
+/// Full matrix (any layout) from (possibly packed) symmetric storage.
+template <class S, class OutView>
+struct Unpack {
+  SymmetricStorage<const S> in;
+  OutView out;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const { out(i, j) = in(i, j); }
 };
 
 /// Y[a, i, b] = sum_c X[a, c, b] * P(c, i): the mode-k product of one block with an inverse
