@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -62,8 +63,11 @@ void with_mpi_buffer(const ExecSpace& space, const View& v, bool copy_in, bool c
   if constexpr (direct) {
     f(v);
   } else {
-    auto h = Kokkos::create_mirror_view(
-        Kokkos::view_alloc(Kokkos::HostSpace(), Kokkos::WithoutInitializing), v);
+    // A plain host view of the same layout: create_mirror_view(view_alloc(HostSpace(),
+    // WithoutInitializing), v) does not compile for device views with Kokkos 3.4.
+    Kokkos::View<typename View::non_const_data_type, typename View::array_layout, Kokkos::HostSpace> h(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("lather::MpiCommunicator::staging")),
+        v.layout());
     if (copy_in) Kokkos::deep_copy(h, v);
     f(h);
     if constexpr (!std::is_const_v<typename View::value_type>) {
