@@ -403,6 +403,17 @@ struct AlwaysFailingRootInverse {
 };
 static_assert(lather::concepts::RootInverseStrategy<AlwaysFailingRootInverse>);
 
+// A policy whose result is not finite: the step raises and is undone.
+struct NonFiniteRootInverse {
+  template <class ExecSpace, class T, class MemorySpace>
+  lather::RootInverseStatus compute(const ExecSpace&, const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>&,
+                                    double, double, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>&) const {
+    return lather::RootInverseStatus::non_finite;
+  }
+  bool supports_root(double) const { return true; }
+  void validate() const {}
+};
+
 // Failed root computations keep the previous inverse factor (identity here) and are counted;
 // the (tolerance + 1)-th consecutive failure raises and changes nothing.
 template <class ExecSpace>
@@ -433,6 +444,16 @@ void impl_test_failure_tolerance() {
                        Contains("failed 3 times in a row, more than 'num_tolerated_failed_amortized_computations' = 2"),
                        lather::runtime_error);
   CHECK(opt.state_dict() == state);
+  CHECK(lather::test::to_host(params[0]) == w_before);
+
+  lather::Shampoo<P, ExecSpace, NonFiniteRootInverse, lather::NoGrafting, lather::ShampooPrecision<double>> bad(
+      params, {.lr = 0.1, .epsilon = 1e-6, .max_preconditioner_dim = 4});
+  const auto bad_state = bad.state_dict();
+  CHECK_THROWS_WITH_AS(bad.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g)}),
+                       Contains("the inverse root of factor matrix 0 of block 0 of parameter 0 has NaN or Inf"),
+                       lather::runtime_error);
+  CHECK(bad.state_dict() == bad_state);
+  CHECK(bad.step_count() == 0);
   CHECK(lather::test::to_host(params[0]) == w_before);
 }
 
