@@ -1,11 +1,33 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The main job: sets everything up on a fresh Debian bookworm machine, builds the demo trainer
-# and runs it. Arguments go to the trainer (--help lists them).
+# The main job: sets everything up on a fresh Debian bookworm machine, builds lather-train and
+# runs its comparison mode: AdamW and Shampoo on Fashion-MNIST (MLP 784-512-256-10) from the same
+# seed and initialization, a side-by-side table, and results/compare.{csv,md,png}.
+# Arguments go to lather-train (`scripts/demo.sh --help`; `--full` for the 10-epoch run of
+# docs/results.md). LATHER_DEMO=linear-regression runs the older linear-regression demo instead.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$("$root/scripts/configure.sh" -DLATHER_ENABLE_TESTS=OFF -DLATHER_ENABLE_BENCHMARKS=OFF \
   -DLATHER_ENABLE_EXAMPLES=ON)
-cmake --build "$build" --target lather-demo -j "${LATHER_JOBS:-2}" >&2
 export OMP_PROC_BIND=${OMP_PROC_BIND:-false}
-exec "$build/examples/01_linear_regression/lather-demo" "$@"
+# Kokkos' OpenMP threads and OpenBLAS' threads take turns on the same cores: passive waiting keeps
+# idle Kokkos workers from spinning while a BLAS call runs.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# OpenBLAS 0.3.21 falls back to its slow generic x86 kernels on CPUs it does not know by model
+# (e.g. cloud VMs reporting "Intel Xeon Processor"); the Haswell kernels (AVX2 + FMA) or the
+# SkylakeX kernels (AVX-512 F/BW/DQ/VL) are correct on any CPU with those instructions and several
+# times faster (docs/benchmarks.md). Set OPENBLAS_CORETYPE to override.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo \
+   && ! grep -qw avx512f /proc/cpuinfo; then
+  export OPENBLAS_CORETYPE=Haswell
+elif [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo \
+     && grep -qw avx512dq /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
+  export OPENBLAS_CORETYPE=SkylakeX
+fi
+if [ "${LATHER_DEMO:-train}" = linear-regression ]; then
+  cmake --build "$build" --target lather-demo -j "${LATHER_JOBS:-2}" >&2
+  exec "$build/examples/01_linear_regression/lather-demo" "$@"
+fi
+cmake --build "$build" --target lather-train -j "${LATHER_JOBS:-2}" >&2
+cd "$root"
+exec "$build/examples/02_fashion_mnist/lather-train" --compare "$@"

@@ -25,13 +25,15 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # Debian packages: build tools, numerical libraries, MPI, test/bench frameworks and the small
-# well-kept libraries the examples and tools use (JSON, CLI, zlib).
+# well-kept libraries the examples and tools use (JSON, CLI, zlib), the Fashion-MNIST data set
+# and gnuplot for the trainer's plot.
 PACKAGES=(
   build-essential cmake ninja-build pkg-config dpkg-dev xz-utils ca-certificates
   libopenblas-dev liblapack-dev liblapacke-dev libeigen3-dev
   openmpi-bin libopenmpi-dev
   doctest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxtensor-dev zlib1g-dev
+  dataset-fashion-mnist gnuplot-nox
 )
 
 missing_packages() {

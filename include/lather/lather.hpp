@@ -29,5 +29,12 @@
 #include <lather/optimizers/adagrad.hpp>
 #include <lather/optimizers/rmsprop.hpp>
 #include <lather/optimizers/adam.hpp>
+#include <lather/layout/blocking.hpp>
+#include <lather/grafting/grafting.hpp>
+#include <lather/root_inverse/root_inverse.hpp>
+#include <lather/root_inverse/eigen_root_inverse.hpp>
+#include <lather/root_inverse/coupled_newton.hpp>
+#include <lather/root_inverse/coupled_higher_order.hpp>
+#include <lather/optimizers/shampoo.hpp>
 
 #endif

@@ -685,10 +685,24 @@ class Shampoo {
     auto& p = m_params[i];
     const auto& o = m_groups[p.group].options;
     const bool l2 = o.weight_decay_type == WeightDecayType::l2 && o.weight_decay != 0.0;
-    Kokkos::parallel_for("lather::Shampoo::gather",
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.param.size()),
-                         impl::kernels::GatherGradient<value_type, memory_space>{
-                             g, p.param, p.index, m_grad, value_type(l2 ? o.weight_decay : 0.0)});
+    for_each_blocked("lather::Shampoo::gather", space, p,
+                     impl::kernels::GatherGradient<value_type, memory_space>{
+                         g, p.param, m_grad, value_type(l2 ? o.weight_decay : 0.0)});
+  }
+
+  /// Runs op.apply(flat, blocked) over every element of parameter p: flat for one block and 1-D
+  /// tensors, one team per row of the last merged dimension otherwise.
+  template <class Op>
+  static void for_each_blocked(const char* label, const ExecSpace& space, const ParamState& p, const Op& op) {
+    const std::int64_t n = p.param.size();
+    if (n == 0) return;
+    if (p.index.identity || p.index.rank <= 1) {
+      Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
+                           impl::kernels::FlatBlocked<Op, memory_space>{op, p.index});
+    } else {
+      Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(n / p.index.last()), Kokkos::AUTO),
+                           impl::kernels::RowwiseBlocked<Op, memory_space>{op, p.index});
+    }
   }
 
   // Column-major unmanaged matrices on ExecSpace: a row-major (r x c) block is the column-major
@@ -912,9 +926,9 @@ class Shampoo {
         case WeightDecayType::independent: decay = o.weight_decay / *o.peak_lr; break;
       }
     }
-    Kokkos::parallel_for("lather::Shampoo::apply", Range(space, 0, p.param.size()),
-                         impl::kernels::ApplyUpdate<value_type, memory_space>{
-                             p.param, p.index, direction, p.momentum, value_type(decay), value_type(o.momentum),
+    for_each_blocked("lather::Shampoo::apply", space, p,
+                     impl::kernels::ApplyUpdate<value_type, memory_space>{
+                             p.param, direction, p.momentum, value_type(decay), value_type(o.momentum),
                              value_type(1.0 - o.dampening), value_type(o.lr), o.momentum != 0.0, o.use_nesterov});
   }
 

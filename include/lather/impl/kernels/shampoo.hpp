@@ -30,6 +30,10 @@ struct BlockedIndex {
 
   KOKKOS_FUNCTION std::int64_t operator()(std::int64_t flat) const {
     if (identity) return flat;
+    if (rank == 1) {
+      const std::int64_t c = flat / block_size;
+      return block_begin(c) + (flat - c * block_size);
+    }
     std::int64_t m[max_tensor_rank];
     for (int j = rank - 1; j >= 0; --j) {
       m[j] = flat % dims[j];
@@ -44,6 +48,62 @@ struct BlockedIndex {
       local = local * ext + (m[j] - start);
     }
     return block_begin(block) + local;
+  }
+
+  /// The row-wise form used by the team kernels: a "row" runs over the last merged dimension.
+  /// row_base does the divisions of the leading dimensions once per row; in_row then needs
+  /// one 32-bit division per element (the flat form needs 2 rank of them, in 64 bits).
+  struct RowBase {
+    std::int64_t block = 0, local = 0;
+  };
+  [[nodiscard]] KOKKOS_FUNCTION std::int64_t last() const { return rank > 0 ? dims[rank - 1] : 1; }
+  KOKKOS_FUNCTION RowBase row_base(std::int64_t row) const {
+    std::int64_t m[max_tensor_rank];
+    for (int j = rank - 2; j >= 0; --j) {
+      m[j] = row % dims[j];
+      row /= dims[j];
+    }
+    RowBase b;
+    for (int j = 0; j + 1 < rank; ++j) {
+      const std::int64_t c = m[j] / block_size;
+      const std::int64_t start = c * block_size;
+      const std::int64_t ext = (dims[j] - start < block_size) ? dims[j] - start : block_size;
+      b.block = b.block * grid[j] + c;
+      b.local = b.local * ext + (m[j] - start);
+    }
+    return b;
+  }
+  KOKKOS_FUNCTION std::int64_t in_row(const RowBase& b, std::int64_t col) const {
+    const std::int64_t d = dims[rank - 1];
+    // Dimensions and block sizes fit in 32 bits (merged dimensions of a tensor that fits in memory).
+    const std::int64_t c = block_size >= d ? 0 : std::int64_t(std::uint32_t(col) / std::uint32_t(block_size));
+    const std::int64_t start = c * block_size;
+    const std::int64_t ext = (d - start < block_size) ? d - start : block_size;
+    return block_begin(b.block * grid[rank - 1] + c) + b.local * ext + (col - start);
+  }
+};
+
+/// Runs an element-wise blocked functor (apply(flat, blocked)) with the flat index: for one
+/// block (identity) and 1-D tensors, where the index costs at most one division.
+template <class Op, class MemorySpace>
+struct FlatBlocked {
+  Op op;
+  BlockedIndex<MemorySpace> index;
+  KOKKOS_FUNCTION void operator()(std::int64_t i) const { op.apply(i, index(i)); }
+};
+
+/// The same with one team per row of the last merged dimension (coalesced on GPUs, one division
+/// per element on CPUs).
+template <class Op, class MemorySpace>
+struct RowwiseBlocked {
+  Op op;
+  BlockedIndex<MemorySpace> index;
+  template <class Member>
+  KOKKOS_FUNCTION void operator()(const Member& team) const {
+    const std::int64_t row = team.league_rank(), last = index.last();
+    const auto base = index.row_base(row);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, last),
+                         [&](std::int64_t col) { op.apply(row * last + col, index.in_row(base, col)); });
   }
 };
 
@@ -72,13 +132,12 @@ template <class T, class MemorySpace>
 struct GatherGradient {
   TensorRef<const T, MemorySpace> grad;
   TensorRef<T, MemorySpace> param;
-  BlockedIndex<MemorySpace> index;
   Kokkos::View<T*, MemorySpace> out;
   T l2_weight_decay;
-  KOKKOS_FUNCTION void operator()(std::int64_t i) const {
+  KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
     T g = grad[i];
     if (l2_weight_decay != T(0)) g = g + l2_weight_decay * param[i];
-    out(index(i)) = g;
+    out(q) = g;
   }
 };
 
@@ -237,13 +296,11 @@ struct GraftScale {
 template <class T, class MemorySpace>
 struct ApplyUpdate {
   TensorRef<T, MemorySpace> param;
-  BlockedIndex<MemorySpace> index;
   Kokkos::View<const T*, MemorySpace> direction;
   Kokkos::View<T*, MemorySpace> momentum_buffer;  // empty without momentum
   T decay, momentum, one_minus_dampening, lr;
   bool use_momentum, nesterov;
-  KOKKOS_FUNCTION void operator()(std::int64_t i) const {
-    const std::int64_t q = index(i);
+  KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
     T& w = param[i];
     T p = direction(q);
     if (decay != T(0)) p = p + decay * w;
