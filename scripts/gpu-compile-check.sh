@@ -193,7 +193,7 @@ check_backend() {
     -DCMAKE_CXX_COMPILER="$cxx" -DKokkos_ROOT="$prefix" -DCMAKE_PREFIX_PATH="$prefix" \
     -DCMAKE_CXX_EXTENSIONS=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
     -DLATHER_ENABLE_TESTS=ON -DLATHER_ENABLE_EXAMPLES=ON -DLATHER_ENABLE_BENCHMARKS=ON \
-    "${cmake_args[@]}" "${EXTRA_CMAKE_ARGS[@]}" || { R_NOTE[$be]="lather configure failed"; return 1; }
+    -DLATHER_ENABLE_TOOLS=OFF "${cmake_args[@]}" "${EXTRA_CMAKE_ARGS[@]}" || { R_NOTE[$be]="lather configure failed"; return 1; }
   echo "$key" >"$bdir/.lather-gpu-check-key"
 
   # Every executable in `all` (tests, examples, benchmarks; compile-fail programs are

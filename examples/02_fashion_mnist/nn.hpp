@@ -27,6 +27,25 @@
 
 namespace fmnist {
 
+// Device-callable exp and log: Kokkos::Experimental:: in Kokkos 3.4-3.6, Kokkos:: from 3.7 on
+// (the Experimental names are gone in 4.x).
+template <class T>
+KOKKOS_INLINE_FUNCTION T exp(T x) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::exp(x);
+#else
+  return Kokkos::Experimental::exp(x);
+#endif
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T log(T x) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::log(x);
+#else
+  return Kokkos::Experimental::log(x);
+#endif
+}
+
 template <class T, class Mem>
 using UMatrix = Kokkos::View<T**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 template <class T, class Mem>
@@ -181,12 +200,12 @@ BatchResult softmax_cross_entropy(const UMatrix<const T, Mem>& z, const Kokkos::
         T m = z(i, 0);
         for (int c = 1; c < classes; ++c) m = z(i, c) > m ? z(i, c) : m;
         T s = 0;
-        for (int c = 0; c < classes; ++c) s += Kokkos::Experimental::exp(z(i, c) - m);
+        for (int c = 0; c < classes; ++c) s += fmnist::exp(z(i, c) - m);
         const int y = labels(i);
-        acc += static_cast<double>(Kokkos::Experimental::log(s) + m - z(i, y));
+        acc += static_cast<double>(fmnist::log(s) + m - z(i, y));
         if (want_grad)
           for (int c = 0; c < classes; ++c)
-            dz(i, c) = scale * (Kokkos::Experimental::exp(z(i, c) - m) / s - (c == y ? T(1) : T(0)));
+            dz(i, c) = scale * (fmnist::exp(z(i, c) - m) / s - (c == y ? T(1) : T(0)));
       },
       loss);
   Kokkos::parallel_reduce(

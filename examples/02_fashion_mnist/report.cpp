@@ -104,14 +104,14 @@ std::string plot_png(const std::string& png, const std::vector<RunResult>& runs)
     for (int p = 0; p < 4; ++p) {
       g << "set xlabel '" << panels[p][2] << "'\nset ylabel '" << panels[p][3] << "'\n";
       g << (p < 2 ? "set key bottom right\n" : "set key top right\n");
-      // Accuracy panels start at epoch 1: the untrained model's ~10% would flatten the curves.
+      // Curves start at epoch 1: the untrained model (~10%, loss ~2.3) would flatten them.
       g << "plot ";
       for (std::size_t i = 0; i < runs.size(); ++i) {
         std::string title = runs[i].label;
         for (auto& c : title)
           if (c == '\'') c = '"';
         g << (i ? ", " : "") << "$run" << i << " using " << panels[p][0] << ':'
-          << (p < 2 ? std::string("($1 > 0 ? $") + panels[p][1] + " : NaN)" : std::string(panels[p][1]))
+          << "($1 > 0 ? $" << panels[p][1] << " : NaN)"
           << " with linespoints lw 2 title '" << title << "'";
       }
       g << '\n';

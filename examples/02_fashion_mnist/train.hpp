@@ -145,6 +145,7 @@ class Trainer {
         std::fprintf(log, "[%s] epoch %2d/%d  train loss %.4f  test loss %.4f  test acc %6.2f%%  %6.1f s (%.1f ms/step)\n",
                      result.label.c_str(), epoch, m_s.epochs, rec.train_loss, rec.test_loss, 100 * rec.test_accuracy,
                      seconds, 1e3 * seconds / double(steps_per_epoch));
+      if (is_root() && log) std::fflush(log);
     }
     if (final_parameters) {
       final_parameters->resize(static_cast<std::size_t>(params.total()));
