@@ -59,7 +59,12 @@ int parse_command_line(int argc, char** argv, TrainSettings& s, bool print) {
       ->check(CLI::IsMember({"sgd", "adagrad", "rmsprop", "adam", "adamw", "shampoo"}));
   opt->add_option("--lr", lrs, "peak learning rate(s); several give one run each (default 1e-3; sgd 0.05, adagrad 0.01)")
       ->check(CLI::PositiveNumber);
-  opt->add_option("--betas", o.betas, "beta1 beta2 (Adam, AdamW; RMSprop's alpha = beta2; Shampoo's beta1)");
+  // A vector, not the std::array itself: nvcc's front end finds CLI11's conversions for
+  // std::array ambiguous (seen with nvcc 13 and CLI11 2.3).
+  std::vector<double> betas{o.betas[0], o.betas[1]};
+  opt->add_option("--betas", betas, "beta1 beta2 (Adam, AdamW; RMSprop's alpha = beta2; Shampoo's beta1)")
+      ->expected(2)
+      ->check(CLI::Range(0.0, 1.0));
   opt->add_option("--eps", o.eps, "Adam / AdamW / Adagrad / RMSprop epsilon")->check(CLI::PositiveNumber);
   opt->add_option("--weight-decay", o.weight_decay, "decoupled for AdamW and Shampoo, L2 otherwise")
       ->check(CLI::NonNegativeNumber);
@@ -97,6 +102,7 @@ int parse_command_line(int argc, char** argv, TrainSettings& s, bool print) {
     if (print) return app.exit(e);
     return e.get_exit_code();
   }
+  o.betas = {betas[0], betas[1]};
   s.progress = !no_progress;
   s.optimizers.clear();
   if (compare) {
