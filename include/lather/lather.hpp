@@ -35,6 +35,8 @@
 #include <lather/root_inverse/eigen_root_inverse.hpp>
 #include <lather/root_inverse/coupled_newton.hpp>
 #include <lather/root_inverse/coupled_higher_order.hpp>
+#include <lather/preconditioners/eigendecomposition.hpp>
+#include <lather/preconditioners/preconditioners.hpp>
 #include <lather/optimizers/shampoo.hpp>
 
 #endif

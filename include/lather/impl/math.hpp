@@ -26,6 +26,10 @@ KOKKOS_INLINE_FUNCTION T abs(T x) {
   return LATHER_IMPL_KOKKOS_MATH::fabs(x);
 }
 template <class T>
+KOKKOS_INLINE_FUNCTION T pow(T x, T y) {
+  return LATHER_IMPL_KOKKOS_MATH::pow(x, y);
+}
+template <class T>
 KOKKOS_INLINE_FUNCTION bool isfinite(T x) {
   return LATHER_IMPL_KOKKOS_MATH::isfinite(x);
 }

@@ -24,6 +24,7 @@
 #include <lather/io/state_dict.hpp>
 #include <lather/layout/blocking.hpp>
 #include <lather/optimizers/param_group.hpp>
+#include <lather/preconditioners/preconditioners.hpp>
 #include <lather/root_inverse/eigen_root_inverse.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -51,6 +52,13 @@ enum class WeightDecayType {
   decoupled,    ///< P += wd * W before momentum and -lr (AdamW-style; the default)
   corrected,    ///< P += wd * lr / peak_lr * W (AdamC-style)
   independent,  ///< P += wd / peak_lr * W
+};
+
+/// Iterate averaging besides classic momentum (DistributedShampoo's iterate_averaging_config).
+enum class IterateAveraging {
+  none,                          ///< plain steps (classic momentum through `momentum`)
+  generalized_primal_averaging,  ///< GeneralizedPrimalAveragingConfig: mu_x = eval_interp_coeff
+  schedule_free,                 ///< ScheduleFreeConfig: mu_x = 1 - lr^p / sum_(i <= t) lr_i^p
 };
 
 /// Exponent override for blocks of one order: one exponent for all dimensions and/or one per
@@ -83,6 +91,11 @@ struct ShampooOptions {
   std::map<int, InverseExponentOverride> inverse_exponent_override{};  ///< keyed by block order
   std::vector<int> inv_root_override{};  ///< legacy: one root for every order, or one per order (index = order); 0 = default
   double exponent_multiplier = 1.0;      ///< legacy: exponent = exponent_multiplier / root
+  // Iterate averaging (GeneralizedPrimalAveragingConfig / ScheduleFreeConfig); excludes momentum.
+  IterateAveraging iterate_averaging = IterateAveraging::none;
+  double eval_interp_coeff = 0.9;    ///< GPA's mu_x, in [0, 1)
+  double train_interp_coeff = 0.8;   ///< mu_y, in (0, 1]: the train point y = mu_y x + (1 - mu_y) z
+  double eval_coeff_lr_power = 2.0;  ///< Schedule-Free's p, > 0
   int num_tolerated_failed_amortized_computations = 3;
   /// Store each factor and inverse factor as its row-major upper triangle, d (d + 1) / 2 values
   /// (the reference's default; state-dict tensors are then 1-D).
@@ -112,7 +125,9 @@ struct ShampooFactorState {
   std::int64_t dim = 0;
   bool packed = false;
   Kokkos::View<F*, MemorySpace> factor;
-  Kokkos::View<Finv*, MemorySpace> inverse_factor;
+  Kokkos::View<Finv*, MemorySpace> inverse_factor;  ///< root-inverse kinds (eigendecomposed: rebuilt from the eigenpairs)
+  Kokkos::View<Finv*, MemorySpace> eigenvectors;    ///< eigenbasis kinds: full row-major d x d, column k = eigenvector k
+  Kokkos::View<Finv*, MemorySpace> eigenvalues;     ///< eigendecomposed: d, ascending
   [[nodiscard]] impl::kernels::SymmetricStorage<F> factor_storage() const { return {factor.data(), dim, packed}; }
   [[nodiscard]] impl::kernels::SymmetricStorage<Finv> inverse_storage() const {
     return {inverse_factor.data(), dim, packed};
@@ -143,12 +158,15 @@ struct ShampooStepInfo {
 /// \brief DistributedShampoo on one process.
 /// \tparam Param any concepts::FloatingTensor (Kokkos::View, Eigen matrix, lather::TensorRef)
 /// \tparam ExecSpace where the kernels run
-/// \tparam RootInverse EigenRootInverse, CoupledNewtonRootInverse or CoupledHigherOrderRootInverse
+/// \tparam Preconditioner a root-inverse strategy (EigenRootInverse, CoupledNewtonRootInverse,
+///         CoupledHigherOrderRootInverse: classic Shampoo) or a preconditioner policy
+///         (EigendecomposedShampoo, EigenvalueCorrectedShampoo / SOAP, KLShampoo, SpectralDescent /
+///         Muon, SignDescent; docs/shampoo-family.md)
 /// \tparam Grafting NoGrafting, SGDGrafting, AdaGradGrafting, RMSpropGrafting or AdamGrafting
 /// \tparam Precision ShampooPrecision<factor type, inverse-factor type>
 template <concepts::FloatingTensor Param,
           concepts::ExecutionSpaceFor<Param> ExecSpace = default_execution_space_t<Param>,
-          concepts::RootInverseStrategy RootInverse = EigenRootInverse,
+          concepts::ShampooPreconditioner Preconditioner = EigenRootInverse,
           concepts::GraftingPolicy Grafting = NoGrafting, class Precision = ShampooPrecision<>>
 class Shampoo {
   using traits = impl::traits_of<Param>;
@@ -163,6 +181,7 @@ class Shampoo {
   using tensor_type = TensorRef<value_type, memory_space>;
   using group_type = ParamGroup<Param, ShampooOptions>;
   using block_state_type = ShampooBlockState<factor_type, inverse_factor_type, memory_space>;
+  using factor_state_type = ShampooFactorState<factor_type, inverse_factor_type, memory_space>;
   using vector_type = Kokkos::View<value_type*, memory_space>;
 
   static_assert(!std::is_const_v<typename traits::element_type>,
@@ -170,17 +189,30 @@ class Shampoo {
   static_assert(std::is_floating_point_v<factor_type> && std::is_floating_point_v<inverse_factor_type>,
                 "lather::Shampoo: factor precisions must be float or double");
 
-  Shampoo(std::span<Param> params, ShampooOptions options = {}, RootInverse root_inverse = {},
+  using preconditioner_type = Preconditioner;
+  /// The policy doing the amortized work (KLShampoo's inner policy, else Preconditioner).
+  using inner_type = impl::inner_preconditioner_t<Preconditioner>;
+  /// What the policy computes (classic root inverse, eigenvalue correction, ...).
+  static constexpr PreconditionerKind kind = impl::preconditioner_kind<Preconditioner>();
+  /// KL-Shampoo's factor update.
+  static constexpr bool kl = impl::is_kl<Preconditioner>();
+
+  Shampoo(std::span<Param> params, ShampooOptions options = {}, Preconditioner preconditioner = {},
           Grafting grafting = {}, std::vector<std::string> names = {})
       : Shampoo(std::vector<group_type>{group_type{params, std::move(options), std::move(names)}},
-                std::move(root_inverse), std::move(grafting)) {}
+                std::move(preconditioner), std::move(grafting)) {}
 
-  explicit Shampoo(std::vector<group_type> groups, RootInverse root_inverse = {}, Grafting grafting = {})
-      : m_root_inverse(std::move(root_inverse)), m_grafting(std::move(grafting)) {
+  explicit Shampoo(std::vector<group_type> groups, Preconditioner preconditioner = {}, Grafting grafting = {})
+      : m_preconditioner(std::move(preconditioner)), m_grafting(std::move(grafting)) {
     LATHER_THROW_IF(groups.empty(), "lather::Shampoo: no parameter groups given; pass at least one parameter");
     for (std::size_t g = 0; g < groups.size(); ++g) {
       auto& o = groups[g].options;
       if (!o.peak_lr) o.peak_lr = o.lr;
+      // Sign and spectral descent have no amortized computation: the reference forces F = 1.
+      if constexpr (kind == PreconditionerKind::spectral_descent || kind == PreconditionerKind::sign_descent)
+        o.precondition_frequency = 1;
+      // Spectral descent works on matrices: the reference forces target_parameter_dimensionality = 2.
+      if constexpr (kind == PreconditionerKind::spectral_descent) o.target_parameter_dimensionality = 2;
       validate(o, impl::OptionCheck("Shampoo", "parameter group " + std::to_string(g)));
       LATHER_THROW_IF(groups[g].params.empty(), "lather::Shampoo: parameter group ", g,
                       " is empty; every group needs at least one parameter");
@@ -221,8 +253,10 @@ class Shampoo {
   template <std::ranges::random_access_range Grads>
     requires concepts::Tensor<std::ranges::range_value_t<Grads>>
   void step(const ExecSpace& space, const Grads& grads) {
-    Kokkos::Profiling::pushRegion("lather::Shampoo::step");
     using G = std::ranges::range_value_t<Grads>;
+    LATHER_THROW_RUNTIME_IF(!m_train, "lather::Shampoo::step: the optimizer is in eval mode (iterate averaging: "
+                            "the parameters hold the averaged iterate x); call train() before step(); nothing was changed");
+    Kokkos::Profiling::pushRegion("lather::Shampoo::step");
     static_assert(std::is_same_v<typename impl::traits_of<G>::value_type, value_type>,
                   "lather::Shampoo: gradient value_type must equal the parameters' value_type");
     static_assert(
@@ -235,13 +269,23 @@ class Shampoo {
     m_intake.check_finite(space, g, params, describe_param,
                           "Skip this batch, lower the learning rate or clip gradients");
 
-    // Step counters advance for every group (as the reference does, with or without gradients).
-    for (auto& grp : m_groups) grp.step += 1;
+    // Step counters advance for every group (as the reference does, with or without gradients);
+    // so does Schedule-Free's sum of lr^p.
+    std::vector<double> lr_sums;
+    for (auto& grp : m_groups) {
+      lr_sums.push_back(grp.lr_sum);
+      grp.step += 1;
+      if (grp.options.iterate_averaging == IterateAveraging::schedule_free)
+        grp.lr_sum += std::pow(grp.options.lr, grp.options.eval_coeff_lr_power);
+    }
     m_info = {};
     try {
       run_step(space, g);
     } catch (...) {
-      for (auto& grp : m_groups) grp.step -= 1;
+      for (std::size_t k = 0; k < m_groups.size(); ++k) {
+        m_groups[k].step -= 1;
+        m_groups[k].lr_sum = lr_sums[k];
+      }
       Kokkos::Profiling::popRegion();
       throw;
     }
@@ -270,7 +314,14 @@ class Shampoo {
     impl::OptionCheck("Shampoo", "parameter group " + std::to_string(g)).at_least("lr", lr, 0.0);
     group(g).options.lr = lr;
   }
-  [[nodiscard]] const RootInverse& root_inverse() const noexcept { return m_root_inverse; }
+  /// The preconditioner policy.
+  [[nodiscard]] const Preconditioner& preconditioner() const noexcept { return m_preconditioner; }
+  /// The root-inverse strategy (classic and KL root-inverse Shampoo).
+  [[nodiscard]] const auto& root_inverse() const noexcept
+    requires(kind == PreconditionerKind::root_inverse)
+  {
+    return inner();
+  }
   [[nodiscard]] const Grafting& grafting() const noexcept { return m_grafting; }
   /// The merged shape and blocks of parameter i.
   [[nodiscard]] const BlockLayout& layout(std::size_t i) const { return param_state(i).layout; }
@@ -292,16 +343,49 @@ class Shampoo {
     return unpack(factor_of(i, b, k).inverse_storage());
   }
 
+  /// The eigenvectors of factor k of block b of parameter i (eigenvalue-corrected and
+  /// eigendecomposed Shampoo) as a d x d matrix whose column j is the j-th eigenvector (a new view).
+  [[nodiscard]] Kokkos::View<inverse_factor_type**, Kokkos::LayoutRight, memory_space> eigenvectors(
+      std::size_t i, std::size_t b, std::size_t k) const
+    requires(kind == PreconditionerKind::eigenvalue_corrected || kind == PreconditionerKind::eigendecomposed)
+  {
+    const auto& f = factor_of(i, b, k);
+    return unpack(impl::kernels::SymmetricStorage<const inverse_factor_type>{f.eigenvectors.data(), f.dim, false});
+  }
+  /// The stored eigenvalues of factor k of block b of parameter i (eigendecomposed Shampoo).
+  [[nodiscard]] Kokkos::View<const inverse_factor_type*, memory_space> eigenvalues(std::size_t i, std::size_t b,
+                                                                                 std::size_t k) const
+    requires(kind == PreconditionerKind::eigendecomposed)
+  {
+    return factor_of(i, b, k).eigenvalues;
+  }
+
   /// Per-element state of parameter i in blocked order ("filtered_grad", "adagrad" (grafting),
-  /// "momentum_buffer"); empty when not used.
+  /// "momentum_buffer", "corrected_eigenvalues" (eigenvalue correction's D), "weight_buffer"
+  /// (iterate averaging's Z)); empty when not used.
   [[nodiscard]] vector_type state(std::size_t i, const std::string& name) const {
     const auto& p = param_state(i);
     if (name == "filtered_grad") return p.filtered;
     if (name == "adagrad") return p.graft_state;
     if (name == "momentum_buffer") return p.momentum;
+    if (name == "corrected_eigenvalues") return p.corrected;
+    if (name == "weight_buffer") return p.weight_buffer;
     impl::throw_error<invalid_argument>(std::source_location::current(), "lather::Shampoo: no state '", name,
-                                        "'; per-element state is 'filtered_grad', 'adagrad', 'momentum_buffer'");
+                                        "'; per-element state is 'filtered_grad', 'adagrad', 'momentum_buffer', "
+                                        "'corrected_eigenvalues', 'weight_buffer'");
   }
+
+  // ---- iterate averaging: train / eval -----------------------------------------------------
+
+  /// \brief Train mode (the default): with generalized primal averaging or Schedule-Free, moves
+  /// every parameter from the averaged iterate x to the training point y = x + (1 - mu_y)(z - x).
+  /// A no-op when already training or without iterate averaging.
+  void train() { switch_mode(true); }
+  /// \brief Eval mode: moves every parameter to the averaged iterate x, W <- W + (1 - 1/mu_y)(Z - W).
+  /// step() raises until train() is called. A no-op when already in eval mode or without averaging.
+  void eval() { switch_mode(false); }
+  /// Whether the optimizer is in train mode.
+  [[nodiscard]] bool training() const noexcept { return m_train; }
   /// What the last step did (amortized, grafted, failed root computations).
   [[nodiscard]] const impl::ShampooStepInfo& last_step_info() const noexcept { return m_info; }
 
@@ -312,12 +396,14 @@ class Shampoo {
   /// Fences (Kokkos::deep_copy).
   [[nodiscard]] StateDict state_dict() const {
     StateDict d;
-    d.format = "lather.Shampoo.v1";
+    d.format = state_format();
     for (std::size_t g = 0; g < m_groups.size(); ++g) {
       const std::string key = "param_groups." + std::to_string(g) + ".";
       d.tensors[key + "step"] = StateTensor{{}, std::vector<std::int64_t>{m_groups[g].step}};
       d.tensors[key + "lr"] = StateTensor{{}, std::vector<double>{m_groups[g].options.lr}};
       d.tensors[key + "peak_lr"] = StateTensor{{}, std::vector<double>{*m_groups[g].options.peak_lr}};
+      if (m_groups[g].options.iterate_averaging == IterateAveraging::schedule_free)
+        d.tensors[key + "lr_sum"] = StateTensor{{}, std::vector<double>{m_groups[g].lr_sum}};
     }
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       const auto& p = m_params[i];
@@ -329,10 +415,13 @@ class Shampoo {
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
           const auto& f = blk.factors[k];
           if (!f.preconditioned) continue;
-          d.tensors[key + "shampoo.factor_matrices." + std::to_string(k)] = storage_to_tensor(f.factor, f);
-          d.tensors[key + "shampoo.inv_factor_matrices." + std::to_string(k)] = storage_to_tensor(f.inverse_factor, f);
+          for (const int which : factor_entries()) {
+            const std::string name = key + factor_entry_name(which) + std::to_string(k);
+            if (which == 0) d.tensors[name] = view_to_tensor(f.factor, factor_entry_shape(which, f));
+            else d.tensors[name] = view_to_tensor(factor_entry_view(which, f), factor_entry_shape(which, f));
+          }
         }
-        for (const char* name : {"filtered_grad", "adagrad", "momentum_buffer"}) {
+        for (const char* name : element_state_names) {
           const vector_type v = state(i, name);
           if (v.data() == nullptr) continue;
           d.tensors[key + name] = slice_to_tensor(v, blk);
@@ -342,11 +431,12 @@ class Shampoo {
     return d;
   }
 
-  /// \brief Restores a state_dict() of a Shampoo over the same parameter shapes and options.
-  /// Every entry is checked first; on any error nothing changes. Fences.
+  /// \brief Restores a state_dict() of a Shampoo over the same parameter shapes, options and
+  /// preconditioner. Every entry is checked first; on any error nothing changes. Fences. The
+  /// train/eval mode is not part of the state: the mode before the load stays.
   void load_state_dict(const StateDict& d) {
-    LATHER_THROW_IF(d.format != "lather.Shampoo.v1", "lather::Shampoo::load_state_dict: the dictionary is a '",
-                    d.format, "' state, expected 'lather.Shampoo.v1'");
+    LATHER_THROW_IF(d.format != state_format(), "lather::Shampoo::load_state_dict: the dictionary is a '", d.format,
+                    "' state, expected '", state_format(), "' (saved with another preconditioner?)");
     std::size_t expected = 0;
     auto entry = [&](const std::string& name) -> const StateTensor& {
       auto it = d.tensors.find(name);
@@ -374,12 +464,18 @@ class Shampoo {
       groups[g].step = scalar_int(key + "step");
       groups[g].options.lr = scalar_double(key + "lr");
       groups[g].options.peak_lr = scalar_double(key + "peak_lr");
+      if (groups[g].options.iterate_averaging == IterateAveraging::schedule_free) {
+        groups[g].lr_sum = scalar_double(key + "lr_sum");
+        LATHER_THROW_IF(!(groups[g].lr_sum >= 0.0) || !std::isfinite(groups[g].lr_sum),
+                        "lather::Shampoo::load_state_dict: '", key, "lr_sum' must be finite and >= 0");
+      }
       validate(groups[g].options, impl::OptionCheck("Shampoo", "load_state_dict: parameter group " + std::to_string(g)));
     }
     struct Pending {
       const StateTensor* t;
       std::size_t i, b, k;
-      int kind;  // 0 factor, 1 inverse factor, 2..4 element state
+      int which;       // factor entry (0 factor, 1 inverse, 2 eigenvectors, 3 eigenvalues)
+      const char* element;  // element state name, or nullptr
     };
     std::vector<Pending> pending;
     std::vector<std::vector<int>> failures(m_params.size());
@@ -392,60 +488,79 @@ class Shampoo {
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
           if (!blk.factors[k].preconditioned) continue;
           const auto& fs = blk.factors[k];
-          const std::vector<std::int64_t> want_shape =
-              fs.packed ? std::vector<std::int64_t>{fs.dim * (fs.dim + 1) / 2} : std::vector<std::int64_t>{fs.dim, fs.dim};
-          const auto want_size = static_cast<std::size_t>(impl::kernels::SymmetricStorage<factor_type>::size(fs.dim, fs.packed));
-          for (int kind = 0; kind < 2; ++kind) {
-            const std::string name =
-                key + (kind == 0 ? "shampoo.factor_matrices." : "shampoo.inv_factor_matrices.") + std::to_string(k);
+          for (const int which : factor_entries()) {
+            const std::string name = key + factor_entry_name(which) + std::to_string(k);
             const StateTensor& t = entry(name);
-            const bool dtype_ok = kind == 0 ? holds<factor_type>(t) : holds<inverse_factor_type>(t);
-            const bool shape_ok = t.shape == want_shape && t.stored_size() == want_size;
+            const auto want_shape = factor_entry_shape(which, fs);
+            const bool dtype_ok = which == 0 ? holds<factor_type>(t) : holds<inverse_factor_type>(t);
+            const bool shape_ok = t.shape == want_shape && t.stored_size() == static_cast<std::size_t>(numel_of(want_shape));
             LATHER_THROW_IF(!dtype_ok || !shape_ok, "lather::Shampoo::load_state_dict: '", name, "' must be a ",
-                            fs.dim, "x", fs.dim, fs.packed ? " packed (upper-triangle)" : "",
-                            " matrix of the ", kind == 0 ? "factor" : "inverse-factor", " precision");
-            pending.push_back({&t, i, b, k, kind});
+                            which == 3 ? "vector of " + std::to_string(fs.dim)
+                                       : std::to_string(fs.dim) + "x" + std::to_string(fs.dim) +
+                                             (which <= 1 && fs.packed ? " packed (upper-triangle) matrix" : " matrix"),
+                            ", shape ", shape_string(want_shape), ", of the ", which == 0 ? "factor" : "inverse-factor",
+                            " precision (got ", t.dtype(), " ", shape_string(t.shape), ")");
+            pending.push_back({&t, i, b, k, which, nullptr});
           }
         }
-        int kind = 2;
-        for (const char* name : {"filtered_grad", "adagrad", "momentum_buffer"}) {
+        for (const char* name : element_state_names) {
           const vector_type v = state(i, name);
-          if (v.data() != nullptr) {
-            const StateTensor& t = entry(key + name);
-            LATHER_THROW_IF(!holds<value_type>(t) || t.shape != blk.extent ||
-                                t.stored_size() != static_cast<std::size_t>(numel_of(blk.extent)),
-                            "lather::Shampoo::load_state_dict: '", key, name,
-                            "' does not match the block's shape and the parameter dtype");
-            pending.push_back({&t, i, b, 0, kind});
-          }
-          ++kind;
+          if (v.data() == nullptr) continue;
+          const StateTensor& t = entry(key + name);
+          LATHER_THROW_IF(!holds<value_type>(t) || t.shape != blk.extent ||
+                              t.stored_size() != static_cast<std::size_t>(numel_of(blk.extent)),
+                          "lather::Shampoo::load_state_dict: '", key, name,
+                          "' does not match the block's shape and the parameter dtype");
+          pending.push_back({&t, i, b, 0, -1, name});
         }
       }
     }
     LATHER_THROW_IF(expected != d.tensors.size(), "lather::Shampoo::load_state_dict: the dictionary has ",
                     d.tensors.size() - expected,
                     " unknown entries (saved from different parameters or options?)");
+    // Eigendecomposed Shampoo: rebuild the inverse roots from the loaded eigenpairs before
+    // committing anything (a non-finite root is an error that changes nothing).
+    std::vector<std::vector<inverse_factor_type>> rebuilt;
+    if constexpr (kind == PreconditionerKind::eigendecomposed) {
+      for (const auto& pe : pending) {
+        if (pe.which != 2) continue;
+        const auto& f = m_params[pe.i].blocks[pe.b].factors[pe.k];
+        const auto& q = std::get<std::vector<inverse_factor_type>>(pe.t->values);
+        const StateTensor& lt = d.tensors.at("state." + std::to_string(pe.i) + ".block_" + std::to_string(pe.b) + "." +
+                                             factor_entry_name(3) + std::to_string(pe.k));
+        const auto& l = std::get<std::vector<inverse_factor_type>>(lt.values);
+        std::vector<inverse_factor_type> x;
+        LATHER_THROW_IF(!inverse_from_eigenpairs(q, l, f.dim, f.root, m_groups[m_params[pe.i].group].options.epsilon, x),
+                        "lather::Shampoo::load_state_dict: the eigenpairs of factor ", pe.k, " of block ", pe.b, " of ",
+                        describe(pe.i), " give a non-finite inverse root; nothing was changed");
+        rebuilt.push_back(std::move(x));
+      }
+    }
     // Apply.
     m_groups = std::move(groups);
     for (std::size_t i = 0; i < m_params.size(); ++i)
       for (std::size_t b = 0; b < m_params[i].blocks.size(); ++b) m_params[i].blocks[b].consecutive_failures = failures[i][b];
+    std::size_t next_rebuilt = 0;
     for (const auto& pe : pending) {
       auto& blk = m_params[pe.i].blocks[pe.b];
-      if (pe.kind == 0) {
-        tensor_to_storage(*pe.t, blk.factors[pe.k].factor);
-      } else if (pe.kind == 1) {
-        tensor_to_storage(*pe.t, blk.factors[pe.k].inverse_factor);
-      } else {
-        const char* name = pe.kind == 2 ? "filtered_grad" : pe.kind == 3 ? "adagrad" : "momentum_buffer";
-        tensor_to_slice(*pe.t, state(pe.i, name), blk);
+      if (pe.element != nullptr) {
+        tensor_to_slice(*pe.t, state(pe.i, pe.element), blk);
+        continue;
       }
+      auto& f = blk.factors[pe.k];
+      if (pe.which == 0) tensor_to_storage(*pe.t, f.factor);
+      else tensor_to_storage(*pe.t, factor_entry_view(pe.which, f));
+      if (kind == PreconditionerKind::eigendecomposed && pe.which == 2)
+        host_to_symmetric(ExecSpace(), rebuilt[next_rebuilt++], f);
     }
+    ExecSpace().fence();
   }
 
  private:
   struct GroupState {
     ShampooOptions options;
     std::int64_t step = 0;
+    double lr_sum = 0.0;  // Schedule-Free: sum of lr^p over the steps taken
   };
   struct ParamState {
     tensor_type param;
@@ -456,6 +571,11 @@ class Shampoo {
     impl::kernels::BlockedIndex<memory_space> index;
     std::vector<block_state_type> blocks;
     vector_type filtered, graft_state, momentum;
+    vector_type corrected;      // eigenvalue correction's D (blocked order)
+    vector_type weight_buffer;  // iterate averaging's Z (blocked order)
+    double corrected_exponent = 0.5;
+    // Eigenbasis kinds: the amortized step's pending basis and eigenvalues (host, row-major).
+    std::vector<std::vector<std::vector<inverse_factor_type>>> pending_q, pending_lambda, pending_x;
     Kokkos::View<double**, memory_space> norms;  // per block: ||graft(Gbar)||^2, ||P||^2
     // Transactional amortized steps: factors before this step's update, root results pending.
     std::vector<std::vector<Kokkos::View<factor_type*, memory_space>>> backup;
@@ -471,7 +591,7 @@ class Shampoo {
     c.require(o.beta3 == -1.0 || (o.beta3 >= 0.0 && o.beta3 < 1.0),
               impl::concat("invalid option 'beta3' = ", o.beta3, " (must be -1, meaning betas[0], or in [0, 1))"));
     bool zero_epsilon = false;
-    if constexpr (requires { m_root_inverse.requires_zero_epsilon(); }) zero_epsilon = m_root_inverse.requires_zero_epsilon();
+    if constexpr (requires { inner().requires_zero_epsilon(); }) zero_epsilon = inner().requires_zero_epsilon();
     if (zero_epsilon)
       c.require(o.epsilon == 0.0, impl::concat("invalid option 'epsilon' = ", o.epsilon,
                                          " (must be 0 with the pseudo-inverse)"));
@@ -509,8 +629,19 @@ class Shampoo {
         c.at_least("inverse_exponent_override[order].per_dimension", e, 0.0);
       }
     }
-    m_root_inverse.validate();
+    if constexpr (concepts::RootInverseStrategy<inner_type>) inner().validate();
+    else inner().validate(c);
     m_grafting.validate(c);
+    if (o.iterate_averaging != IterateAveraging::none) {
+      c.require(o.momentum == 0.0, "iterate averaging (generalized primal averaging, Schedule-Free) and classic "
+                                   "'momentum' exclude each other; set momentum = 0");
+      c.in_closed("train_interp_coeff", o.train_interp_coeff, 0.0, 1.0);
+      c.greater_than("train_interp_coeff", o.train_interp_coeff, 0.0);
+      if (o.iterate_averaging == IterateAveraging::generalized_primal_averaging)
+        c.in_half_open("eval_interp_coeff", o.eval_interp_coeff, 0.0, 1.0);
+      else
+        c.greater_than("eval_coeff_lr_power", o.eval_coeff_lr_power, 0.0);
+    }
   }
 
   // The exponent of dimension `dim` of an order-`order` block; 0 = not preconditioned.
@@ -553,36 +684,82 @@ class Shampoo {
     if (o.betas[0] != 0.0) p.filtered = vector_type("lather::Shampoo::filtered_grad", numel);
     if (Grafting::has_state) p.graft_state = vector_type("lather::Shampoo::grafting_state", numel);
     if (o.momentum != 0.0) p.momentum = vector_type("lather::Shampoo::momentum_buffer", numel);
+    if constexpr (kind == PreconditionerKind::eigenvalue_corrected)
+      p.corrected = vector_type("lather::Shampoo::corrected_eigenvalues", numel);
+    if (o.iterate_averaging != IterateAveraging::none) {
+      // Z starts at the parameters' values at construction.
+      p.weight_buffer = vector_type("lather::Shampoo::weight_buffer", numel);
+      for_each_blocked("lather::Shampoo::init_weight_buffer", ExecSpace(), p,
+                       impl::kernels::GatherParam<value_type, memory_space>{p.param, p.weight_buffer});
+    }
     p.norms = Kokkos::View<double**, memory_space>("lather::Shampoo::block_norms", p.layout.blocks.size(), 2);
     const int order = static_cast<int>(merged.size());
+    if constexpr (kind == PreconditionerKind::eigenvalue_corrected) p.corrected_exponent = inner().exponent(order);
+    if constexpr (kind == PreconditionerKind::spectral_descent) {
+      LATHER_THROW_IF(order != 2 && o.start_preconditioning_step != never,
+                      "lather::Shampoo: spectral descent orthogonalizes matrices, but ",
+                      describe_name(m_params.size() - 1, p.name), " has ", order,
+                      "-D blocks; put it in a parameter group with start_preconditioning_step = lather::never "
+                      "(it then takes the grafting method's or Gbar's direction, as the reference's Muon recipe)");
+    }
+    constexpr bool has_factors = kind == PreconditionerKind::root_inverse ||
+                                 kind == PreconditionerKind::eigendecomposed ||
+                                 kind == PreconditionerKind::eigenvalue_corrected;
     for (std::size_t b = 0; b < p.layout.blocks.size(); ++b) {
       block_state_type blk;
       blk.extent = p.layout.blocks[b].extent;
       blk.begin = p.layout.block_begin[b];
       p.backup.emplace_back();
       p.result.emplace_back();
+      p.pending_q.emplace_back(static_cast<std::size_t>(order));
+      p.pending_lambda.emplace_back(static_cast<std::size_t>(order));
+      p.pending_x.emplace_back(static_cast<std::size_t>(order));
+      if constexpr (kind == PreconditionerKind::spectral_descent) {
+        if (order == 2) {
+          const auto m = static_cast<std::size_t>(std::min(blk.extent[0], blk.extent[1]));
+          if (m_gram.find(m) == m_gram.end()) m_gram[m] = vector_type("lather::Shampoo::gram", m * m);
+          if (m_gram2.find(m) == m_gram2.end()) m_gram2[m] = vector_type("lather::Shampoo::gram2", m * m);
+        }
+      }
       for (int k = 0; k < order; ++k) {
         ShampooFactorState<factor_type, inverse_factor_type, memory_space> f;
-        const double e = exponent_for(o, order, k);
-        f.preconditioned = e != 0.0;
+        double e = 0.0;
+        if constexpr (kind == PreconditionerKind::eigenvalue_corrected) e = inner().ignored(order, k) ? 0.0 : 1.0;
+        else if constexpr (has_factors) e = exponent_for(o, order, k);
+        f.preconditioned = has_factors && e != 0.0;
         const auto dk = static_cast<std::size_t>(blk.extent[k]);
         if (f.preconditioned) {
           f.root = 1.0 / e;
-          LATHER_THROW_IF(!m_root_inverse.supports_root(f.root), "lather::Shampoo: the root-inverse strategy cannot compute the root ",
-                          f.root, " needed by dimension ", k, " of the order-", order, " blocks of ",
-                          describe_name(m_params.size() - 1, p.name),
-                          "; choose an exponent it supports (coupled Newton needs 1/exponent to be an integer)");
+          if constexpr (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed) {
+            LATHER_THROW_IF(!inner().supports_root(f.root), "lather::Shampoo: the root-inverse strategy cannot compute the root ",
+                            f.root, " needed by dimension ", k, " of the order-", order, " blocks of ",
+                            describe_name(m_params.size() - 1, p.name),
+                            "; choose an exponent it supports (coupled Newton needs 1/exponent to be an integer)");
+          }
           f.dim = static_cast<std::int64_t>(dk);
           f.packed = o.use_symmetric_packing;
           const auto stored = static_cast<std::size_t>(impl::kernels::SymmetricStorage<factor_type>::size(f.dim, f.packed));
           f.factor = decltype(f.factor)("lather::Shampoo::factor_matrix", stored);
-          f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", stored);
-          Kokkos::parallel_for("lather::Shampoo::identity",
-                               Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
-                                   {0, 0}, {f.dim, f.dim}),
-                               impl::kernels::SetIdentity<inverse_factor_type>{f.inverse_storage()});
+          using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
+          if constexpr (kind != PreconditionerKind::eigenvalue_corrected) {
+            f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", stored);
+            Kokkos::parallel_for("lather::Shampoo::identity", MD({0, 0}, {f.dim, f.dim}),
+                                 impl::kernels::SetIdentity<inverse_factor_type>{f.inverse_storage()});
+            p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
+          } else {
+            p.result.back().emplace_back();
+          }
+          if constexpr (kind == PreconditionerKind::eigenvalue_corrected || kind == PreconditionerKind::eigendecomposed) {
+            // Q = I and lambda = 1 until the first amortized step (the reference's initial state).
+            f.eigenvectors = decltype(f.eigenvectors)("lather::Shampoo::factor_matrix_eigenvectors", dk * dk);
+            Kokkos::parallel_for("lather::Shampoo::identity", MD({0, 0}, {f.dim, f.dim}),
+                                 impl::kernels::SetIdentity<inverse_factor_type>{{f.eigenvectors.data(), f.dim, false}});
+          }
+          if constexpr (kind == PreconditionerKind::eigendecomposed) {
+            f.eigenvalues = decltype(f.eigenvalues)("lather::Shampoo::factor_matrix_eigenvalues", dk);
+            Kokkos::deep_copy(f.eigenvalues, inverse_factor_type(1));
+          }
           p.backup.back().emplace_back("lather::Shampoo::factor_backup", stored);
-          p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
           if (m_gram.find(dk) == m_gram.end())
             m_gram[dk] = vector_type("lather::Shampoo::gram", dk * dk);
           if (m_scratch.find(dk) == m_scratch.end())
@@ -645,6 +822,14 @@ class Shampoo {
             continue;
           }
           if (s == RootInverseStatus::max_iterations_reached) ++m_info.root_computations_not_converged;
+          if constexpr (kind == PreconditionerKind::eigenvalue_corrected || kind == PreconditionerKind::eigendecomposed) {
+            host_to_view(space, p.pending_q[b][k], f.eigenvectors);
+            if constexpr (kind == PreconditionerKind::eigendecomposed) {
+              host_to_view(space, p.pending_lambda[b][k], f.eigenvalues);
+              host_to_symmetric(space, p.pending_x[b][k], f);
+            }
+            continue;
+          }
           Kokkos::parallel_for("lather::Shampoo::commit_inverse",
                                Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                                    space, {0, 0}, {f.dim, f.dim}),
@@ -746,26 +931,76 @@ class Shampoo {
         auto& f = blk.factors[k];
         if (!f.preconditioned) continue;
         if (amortize) Kokkos::deep_copy(space, p.backup[b][k], f.factor);
-        const auto [outer, d, inner] = unfold(blk.extent, k);
-        using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
-        if (outer == 1 || inner == 1) {
-          // A first or last dimension: the Gram matrix is one GEMM (vendor BLAS where Kokkos
-          // Kernels has it), then combined with the reference's formula.
-          auto gram = gram_scratch(d);
-          const auto x = blas_matrix(m_grad.data() + blk.begin, outer == 1 ? inner : d, outer == 1 ? d : outer);
-          if (outer == 1) gemm(space, "T", "N", value_type(1), x, x, value_type(0), gram);  // X X^T
-          else gemm(space, "N", "T", value_type(1), x, x, value_type(0), gram);             // X^T X
-          Kokkos::parallel_for("lather::Shampoo::factor_combine", MD(space, {0, 0}, {d, d}),
-                               impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
-                                   gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
-        } else {
-          Kokkos::parallel_for("lather::Shampoo::factor_update", MD(space, {0, 0}, {d, d}),
-                               impl::kernels::FactorUpdate<value_type, factor_type>{
-                                   m_grad.data() + blk.begin, outer, d, inner, f.factor_storage(),
-                                   factor_type(beta2), factor_type(weight), beta2 != 1.0});
+        value_type* source = m_grad.data() + blk.begin;
+        if constexpr (kl) {
+          // KL-Shampoo: G~ = G x_(j != k) P_j with the current inverse roots (before this step's
+          // amortized update), ping-pong in the work buffers (free until the direction phase).
+          source = precondition_block(space, blk, m_grad.data() + blk.begin, m_work0.data() + blk.begin,
+                                      m_work1.data() + blk.begin, k);
         }
+        accumulate_factor(space, f, source, blk.extent, k, beta2, weight);
       }
     }
+  }
+
+  // L = beta2 L + w X_(k) X_(k)^T for the block data x.
+  void accumulate_factor(const ExecSpace& space, factor_state_type& f, value_type* x_data,
+                         const std::vector<std::int64_t>& extent, std::size_t k, double beta2, double weight) {
+    const auto [outer, d, inner] = unfold(extent, k);
+    using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
+    if (outer == 1 || inner == 1) {
+      // A first or last dimension: the Gram matrix is one GEMM (vendor BLAS where Kokkos
+      // Kernels has it), then combined with the reference's formula.
+      auto gram = gram_scratch(d);
+      const auto x = blas_matrix(x_data, outer == 1 ? inner : d, outer == 1 ? d : outer);
+      if (outer == 1) gemm(space, "T", "N", value_type(1), x, x, value_type(0), gram);  // X X^T
+      else gemm(space, "N", "T", value_type(1), x, x, value_type(0), gram);             // X^T X
+      Kokkos::parallel_for("lather::Shampoo::factor_combine", MD(space, {0, 0}, {d, d}),
+                           impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
+                               gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
+    } else {
+      Kokkos::parallel_for("lather::Shampoo::factor_update", MD(space, {0, 0}, {d, d}),
+                           impl::kernels::FactorUpdate<value_type, factor_type>{
+                               x_data, outer, d, inner, f.factor_storage(), factor_type(beta2), factor_type(weight),
+                               beta2 != 1.0});
+    }
+  }
+
+  // The block x multiplied along every preconditioned dimension but `skip` by its inverse factor;
+  // returns where the result is (x itself, a or b; x is not written).
+  value_type* precondition_block(const ExecSpace& space, const block_state_type& blk, value_type* x, value_type* a,
+                                 value_type* b, std::size_t skip) {
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    value_type* from = x;
+    for (std::size_t j = 0; j < blk.factors.size(); ++j) {
+      const auto& f = blk.factors[j];
+      if (!f.preconditioned || j == skip) continue;
+      value_type* to = from == a ? b : a;
+      const auto [outer, d, inner] = unfold(blk.extent, j);
+      Kokkos::parallel_for("lather::Shampoo::precondition", Range(space, 0, outer * d * inner),
+                           impl::kernels::ModeProduct<value_type, inverse_factor_type>{
+                               from, to, d, inner, {f.inverse_factor.data(), f.dim, f.packed}});
+      from = to;
+    }
+    return from;
+  }
+
+  // The block x rotated along every factor's eigenbasis (Q^T, or Q with `back`), ping-pong
+  // between x and y; returns where the result is.
+  value_type* rotate_block(const ExecSpace& space, const block_state_type& blk, value_type* x, value_type* y, bool back) {
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    value_type* from = x;
+    for (std::size_t j = 0; j < blk.factors.size(); ++j) {
+      const auto& f = blk.factors[j];
+      if (!f.preconditioned) continue;
+      value_type* to = from == x ? y : x;
+      const auto [outer, d, inner] = unfold(blk.extent, j);
+      Kokkos::parallel_for("lather::Shampoo::rotate", Range(space, 0, outer * d * inner),
+                           impl::kernels::ModeProductGeneral<value_type, inverse_factor_type>{
+                               from, to, d, inner, f.eigenvectors.data(), back});
+      from = to;
+    }
+    return from;
   }
 
   void restore_factors(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
@@ -813,9 +1048,15 @@ class Shampoo {
                                   describe(i), " has ", bad,
                                   " NaN or Inf entries; nothing was changed. Try a lower learning rate, a larger "
                                   "'start_preconditioning_step', a larger 'epsilon', or grafting");
-          const RootInverseStatus s = m_root_inverse.compute(
-              space, Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), f.root, o.epsilon,
-              p.result[b][k]);
+          RootInverseStatus s = RootInverseStatus::failed;
+          if constexpr (kind == PreconditionerKind::root_inverse) {
+            s = inner().compute(space, Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), f.root,
+                                o.epsilon, p.result[b][k]);
+          } else if constexpr (kind == PreconditionerKind::eigendecomposed ||
+                               kind == PreconditionerKind::eigenvalue_corrected) {
+            s = inner().amortized.compute_in_double ? eigen_refresh<double>(space, a, f, o.epsilon, p, b, k)
+                                                    : eigen_refresh<factor_type>(space, a, f, o.epsilon, p, b, k);
+          }
           LATHER_THROW_RUNTIME_IF(s == RootInverseStatus::non_finite, "lather::Shampoo::step: the inverse root of factor matrix ",
                                   k, " of block ", b, " of ", describe(i),
                                   " has NaN or Inf entries; nothing was changed. Try a larger 'epsilon' or a lower "
@@ -835,6 +1076,83 @@ class Shampoo {
     }
   }
 
+  // Eigenbasis kinds: the amortized eigendecomposition of the bias-corrected factor `a` on the
+  // host in precision C, into the pending basis (and, for eigendecomposed Shampoo, the pending
+  // eigenvalues and the inverse root rebuilt from them).
+  template <class C>
+  RootInverseStatus eigen_refresh(const ExecSpace& space, const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>& a,
+                                  const factor_state_type& f, double epsilon, ParamState& p, std::size_t b, std::size_t k) {
+    const auto n = static_cast<std::size_t>(f.dim);
+    space.fence();
+    const auto ah = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+    const auto qh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f.eigenvectors);
+    bool ridge = true;
+    if constexpr (kind == PreconditionerKind::eigendecomposed) ridge = inner().ridge();
+    std::vector<C> ac(n * n), q(n * n), lambda;
+    for (std::size_t j = 0; j < n; ++j)
+      for (std::size_t i = 0; i < n; ++i) {
+        ac[i + j * n] = static_cast<C>(ah(i, j)) + (ridge && i == j ? static_cast<C>(epsilon) : C(0));
+        q[i + j * n] = static_cast<C>(qh(i * n + j));
+      }
+    const RootInverseStatus s = inner().amortized.refresh(ac, n, q, lambda);
+    if (!is_usable(s)) return RootInverseStatus::failed;
+    auto& pq = p.pending_q[b][k];
+    pq.resize(n * n);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) pq[i * n + j] = static_cast<inverse_factor_type>(q[i + j * n]);
+    p.pending_lambda[b][k].assign(lambda.begin(), lambda.end());
+    if constexpr (kind == PreconditionerKind::eigendecomposed) {
+      if (!inverse_from_eigenpairs(pq, p.pending_lambda[b][k], f.dim, f.root, epsilon, p.pending_x[b][k]))
+        return RootInverseStatus::non_finite;
+    }
+    return s;
+  }
+
+  // Eigendecomposed Shampoo's inverse root from stored eigenpairs (Q row-major, column j the j-th
+  // eigenvector): X = Q diag(f(lambda)) Q^T with the policy's eigenvalue rule, row-major into x.
+  // False when X is not finite.
+  bool inverse_from_eigenpairs(const std::vector<inverse_factor_type>& q_rows, const std::vector<inverse_factor_type>& lambda,
+                               std::int64_t dim, double root, double epsilon, std::vector<inverse_factor_type>& x) const {
+    const auto n = static_cast<std::size_t>(dim);
+    std::vector<inverse_factor_type> s, q(n * n);
+    bool perturb_before = true;
+    std::optional<PseudoInverse> pseudo;
+    if constexpr (kind == PreconditionerKind::eigendecomposed) {
+      perturb_before = inner().perturb_before_computation;
+      pseudo = inner().pseudo_inverse;
+    }
+    if (!impl::inverse_root_scales(lambda, root, epsilon, perturb_before, pseudo, s)) return false;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) q[i + j * n] = q_rows[i * n + j];
+    const auto xc = impl::matrix_from_eigenpairs(q, s, n);
+    x.resize(n * n);
+    bool finite = true;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        x[i * n + j] = xc[i + j * n];
+        finite = finite && std::isfinite(x[i * n + j]);
+      }
+    return finite;
+  }
+
+  // Host vector into a view of the same length (ordered on `space`, which is fenced: the vector
+  // may die after the call).
+  template <class S, class V>
+  static void host_to_view(const ExecSpace& space, const std::vector<S>& v, const V& view) {
+    Kokkos::View<const S*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(v.data(), v.size());
+    Kokkos::deep_copy(space, view, h);
+    space.fence();
+  }
+  // A full row-major symmetric matrix into a factor's inverse-factor storage (packed or full).
+  static void host_to_symmetric(const ExecSpace& space, const std::vector<inverse_factor_type>& x, const factor_state_type& f) {
+    const auto n = f.dim;
+    std::vector<inverse_factor_type> stored(static_cast<std::size_t>(impl::kernels::SymmetricStorage<inverse_factor_type>::size(n, f.packed)));
+    const impl::kernels::SymmetricStorage<inverse_factor_type> st{stored.data(), n, f.packed};
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = f.packed ? i : 0; j < n; ++j) st(i, j) = x[static_cast<std::size_t>(i * n + j)];
+    host_to_view(space, stored, f.inverse_factor);
+  }
+
   void direction_and_update(const ExecSpace& space, std::size_t i) {
     auto& p = m_params[i];
     const auto& grp = m_groups[p.group];
@@ -847,13 +1165,14 @@ class Shampoo {
     const auto gs = m_grafting.template scalars<value_type>(t);
     const double beta1 = o.betas[0], beta3 = o.effective_beta3();
     const double bc1 = 1.0 - beta3 * std::pow(beta1, static_cast<double>(t - 1));
+    if constexpr (kind == PreconditionerKind::eigenvalue_corrected) update_corrected(space, p, o);
     // Gbar (or graft(Gbar) before preconditioning) into work0.
     Kokkos::parallel_for("lather::Shampoo::filter_and_graft", Range(space, 0, numel),
                          impl::kernels::FilterAndGraft<value_type, memory_space>{
                              m_grad, p.filtered, p.graft_state, m_work0, value_type(beta1), value_type(1.0 - beta1),
                              value_type(beta3), value_type(1.0 - beta3), value_type(bc1), beta1 != 0.0, beta3 != beta1,
                              o.use_bias_correction, gs, Grafting::has_state, graft_now});
-    vector_type direction = m_work0;
+    const vector_type direction = m_work0;
     if (!graft_now) {
       const auto nb = static_cast<std::int64_t>(p.blocks.size());
       if constexpr (Grafting::enabled) {
@@ -863,51 +1182,32 @@ class Shampoo {
                              impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
                                  m_work0, p.graft_state, p.block_begin, p.norms, 0, gs, Grafting::has_state});
       }
-      // Precondition each block: successive mode products, ping-pong between work0 and work1.
-      vector_type src = m_work0, dst = m_work1;
       for (const auto& blk : p.blocks) {
-        bool in_src = true;
-        for (std::size_t k = 0; k < blk.factors.size(); ++k) {
-          const auto& f = blk.factors[k];
-          if (!f.preconditioned) continue;
-          const auto [outer, d, inner] = unfold(blk.extent, k);
-          const vector_type& from = in_src ? src : dst;
-          const vector_type& to = in_src ? dst : src;
-          if constexpr (std::is_same_v<value_type, inverse_factor_type>) {
-            if (outer == 1 || inner == 1) {
-              // One GEMM with the (unpacked) inverse factor P: Y = P^T X (first dimension) or
-              // X P (last), in column-major terms on the row-major block.
-              auto pm = gram_scratch(d);
-              Kokkos::parallel_for("lather::Shampoo::unpack_inverse",
-                                   Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
-                                       space, {0, 0}, {d, d}),
-                                   impl::kernels::Unpack<inverse_factor_type, blas_matrix_type>{
-                                       {f.inverse_factor.data(), f.dim, f.packed}, pm});
-              if (outer == 1) {
-                const auto x = blas_matrix(from.data() + blk.begin, inner, d);
-                const auto y = blas_matrix(to.data() + blk.begin, inner, d);
-                gemm(space, "N", "N", value_type(1), x, pm, value_type(0), y);
-              } else {
-                const auto x = blas_matrix(from.data() + blk.begin, d, outer);
-                const auto y = blas_matrix(to.data() + blk.begin, d, outer);
-                gemm(space, "T", "N", value_type(1), pm, x, value_type(0), y);
-              }
-              in_src = !in_src;
-              continue;
-            }
-          }
-          Kokkos::parallel_for("lather::Shampoo::precondition", Range(space, 0, outer * d * inner),
-                               impl::kernels::ModeProduct<value_type, inverse_factor_type>{
-                                   from.data() + blk.begin, to.data() + blk.begin, d, inner,
-                                   {f.inverse_factor.data(), f.dim, f.packed}});
-          in_src = !in_src;
+        value_type* x = m_work0.data() + blk.begin;
+        value_type* y = m_work1.data() + blk.begin;
+        value_type* result = x;
+        if constexpr (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed) {
+          result = apply_inverse_factors(space, blk, x, y);
+        } else if constexpr (kind == PreconditionerKind::eigenvalue_corrected) {
+          // X = Gbar x_k Q_k^T; X / ((D / bc2)^e + eps); back with x_k Q_k.
+          const bool bias = o.use_bias_correction && o.betas[1] < 1.0;
+          const double bc2 = bias ? 1.0 - std::pow(o.betas[1], static_cast<double>(t)) : 1.0;
+          value_type* r = rotate_block(space, blk, x, y, false);
+          Kokkos::parallel_for("lather::Shampoo::correct", Range(space, 0, numel_of(blk.extent)),
+                               impl::kernels::CorrectedScale<value_type>{
+                                   r, p.corrected.data() + blk.begin, value_type(bc2), value_type(o.epsilon),
+                                   value_type(p.corrected_exponent), bias, p.corrected_exponent == 0.5});
+          result = rotate_block(space, blk, r, r == x ? y : x, true);
+        } else if constexpr (kind == PreconditionerKind::spectral_descent) {
+          if (blk.extent.size() == 2) result = orthogonalize(space, blk, x, y);
+        } else {
+          sign_block(space, blk, x);
         }
-        if (!in_src) {  // the block's result is in dst: bring it back to src
+        if (result != x) {  // bring the block's result back to work0
           Kokkos::parallel_for("lather::Shampoo::copy_block", Range(space, 0, numel_of(blk.extent)),
-                               impl::kernels::CopyBlock<value_type>{dst.data() + blk.begin, src.data() + blk.begin});
+                               impl::kernels::CopyBlock<value_type>{result, x});
         }
       }
-      direction = src;
       if constexpr (Grafting::enabled) {
         Kokkos::parallel_for("lather::Shampoo::direction_norms",
                              Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
@@ -926,10 +1226,173 @@ class Shampoo {
         case WeightDecayType::independent: decay = o.weight_decay / *o.peak_lr; break;
       }
     }
+    if (o.iterate_averaging != IterateAveraging::none) {
+      const double mu_y = o.train_interp_coeff;
+      double mu_x = o.eval_interp_coeff;
+      if (o.iterate_averaging == IterateAveraging::schedule_free)
+        mu_x = grp.lr_sum > 0.0 ? 1.0 - std::pow(o.lr, o.eval_coeff_lr_power) / grp.lr_sum : 0.0;
+      for_each_blocked("lather::Shampoo::apply_averaged", space, p,
+                       impl::kernels::ApplyAveragedUpdate<value_type, memory_space>{
+                           p.param, direction, p.weight_buffer, value_type(1.0 - o.lr * decay), value_type(o.lr),
+                           value_type(1.0 - mu_x), value_type(1.0 - mu_x * mu_y), decay != 0.0});
+      return;
+    }
     for_each_blocked("lather::Shampoo::apply", space, p,
                      impl::kernels::ApplyUpdate<value_type, memory_space>{
                              p.param, direction, p.momentum, value_type(decay), value_type(o.momentum),
                              value_type(1.0 - o.dampening), value_type(o.lr), o.momentum != 0.0, o.use_nesterov});
+  }
+
+  // Root-inverse kinds: successive mode products of the block x with the inverse factors,
+  // ping-pong between x and y (one GEMM for a first or last dimension when the types allow);
+  // returns where the result is.
+  value_type* apply_inverse_factors(const ExecSpace& space, const block_state_type& blk, value_type* x, value_type* y) {
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    value_type* from = x;
+    for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+      const auto& f = blk.factors[k];
+      if (!f.preconditioned) continue;
+      const auto [outer, d, inner] = unfold(blk.extent, k);
+      value_type* to = from == x ? y : x;
+      if constexpr (std::is_same_v<value_type, inverse_factor_type>) {
+        if (outer == 1 || inner == 1) {
+          // One GEMM with the (unpacked) inverse factor P: Y = P^T X (first dimension) or
+          // X P (last), in column-major terms on the row-major block.
+          auto pm = gram_scratch(d);
+          Kokkos::parallel_for("lather::Shampoo::unpack_inverse",
+                               Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                   space, {0, 0}, {d, d}),
+                               impl::kernels::Unpack<inverse_factor_type, blas_matrix_type>{
+                                   {f.inverse_factor.data(), f.dim, f.packed}, pm});
+          if (outer == 1) gemm(space, "N", "N", value_type(1), blas_matrix(from, inner, d), pm, value_type(0),
+                               blas_matrix(to, inner, d));
+          else gemm(space, "T", "N", value_type(1), pm, blas_matrix(from, d, outer), value_type(0),
+                    blas_matrix(to, d, outer));
+          from = to;
+          continue;
+        }
+      }
+      Kokkos::parallel_for("lather::Shampoo::precondition", Range(space, 0, outer * d * inner),
+                           impl::kernels::ModeProduct<value_type, inverse_factor_type>{
+                               from, to, d, inner, {f.inverse_factor.data(), f.dim, f.packed}});
+      from = to;
+    }
+    return from;
+  }
+
+  // Eigenvalue correction: D = beta2 D + w R^2 with R the raw (blocked) gradient rotated into
+  // the current eigenbasis (after this step's refresh), every step.
+  void update_corrected(const ExecSpace& space, ParamState& p, const ShampooOptions& o) {
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    const double beta2 = o.betas[1];
+    const double weight = beta2 == 1.0 ? 1.0 : 1.0 - beta2;
+    Kokkos::parallel_for("lather::Shampoo::copy_grad", Range(space, 0, p.layout.numel()),
+                         impl::kernels::CopyBlock<value_type>{m_grad.data(), m_work1.data()});
+    for (const auto& blk : p.blocks) {
+      value_type* r = rotate_block(space, blk, m_work1.data() + blk.begin, m_work0.data() + blk.begin, false);
+      Kokkos::parallel_for("lather::Shampoo::corrected_update", Range(space, 0, numel_of(blk.extent)),
+                           impl::kernels::CorrectedUpdate<value_type>{r, p.corrected.data() + blk.begin, value_type(beta2),
+                                                                      value_type(weight), beta2 != 1.0});
+    }
+  }
+
+  // Spectral descent of one 2-D block x (rows r x cols c, row-major = the column-major c x r
+  // matrix M = X^T); returns where the result is (x or y).
+  value_type* orthogonalize(const ExecSpace& space, const block_state_type& blk, value_type* x, value_type* y) {
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    const std::int64_t r = blk.extent[0], c = blk.extent[1], n = r * c;
+    const double scale = inner().scale(c, r);
+    value_type* out = x;
+    if constexpr (std::is_same_v<inner_type, SpectralDescent<SVDOrthogonalization>>) {
+      // U V^T of M = (U V^T of X)^T, through host LAPACK.
+      std::vector<value_type> m(static_cast<std::size_t>(n)), sv, u, vt, uv(static_cast<std::size_t>(n));
+      view_range_to_host(space, x, m);
+      LATHER_THROW_RUNTIME_IF(impl::dense::svd<value_type>(static_cast<int>(c), static_cast<int>(r), m, sv, u, vt) != 0,
+                              "lather::Shampoo::step: the SVD of a ", r, "x", c,
+                              " block did not converge (NaN or Inf in the filtered gradient?)");
+      const auto kk = static_cast<std::size_t>(std::min(r, c));
+      impl::dense::gemm<value_type>("N", "N", static_cast<std::size_t>(c), static_cast<std::size_t>(r), kk, value_type(1),
+                                    u.data(), vt.data(), value_type(0), uv.data());
+      double factor = scale;
+      if (inner().orthogonalization.scale_by_nuclear_norm) {
+        double nuclear = 0;
+        for (const auto s_k : sv) nuclear += static_cast<double>(s_k);
+        factor *= nuclear;
+      }
+      for (auto& v : uv) v = static_cast<value_type>(v * static_cast<value_type>(factor));
+      host_range_to_view(space, uv, x);
+      return x;
+    } else {
+      const auto& ns = inner().orthogonalization;
+      double sumsq = 0;
+      Kokkos::parallel_reduce("lather::Shampoo::ns_norm", Range(space, 0, n), impl::kernels::SumSquares<value_type>{x},
+                              sumsq);
+      const value_type norm = std::max(static_cast<value_type>(std::sqrt(sumsq)), value_type(1e-8));
+      Kokkos::parallel_for("lather::Shampoo::ns_normalize", Range(space, 0, n),
+                           impl::kernels::Scale<value_type>{x, x, norm, true});
+      const bool tall = r >= c;  // X^T X of the row-major X is M M^T (c x c); else M^T M (r x r)
+      const std::int64_t m = std::min(r, c);
+      const auto& bv = m_gram.at(static_cast<std::size_t>(m));
+      const auto& b2v = m_gram2.at(static_cast<std::size_t>(m));
+      const auto bm = blas_matrix(bv.data(), m, m), b2m = blas_matrix(b2v.data(), m, m);
+      const auto [ca, cb, cc] = ns.coefficients;
+      value_type *cur = x, *nxt = y;
+      for (int it = 0; it < ns.num_iterations; ++it) {
+        const auto mm = blas_matrix(cur, c, r);
+        if (tall) gemm(space, "N", "T", value_type(1), mm, mm, value_type(0), bm);
+        else gemm(space, "T", "N", value_type(1), mm, mm, value_type(0), bm);
+        gemm(space, "N", "N", value_type(1), bm, bm, value_type(0), b2m);
+        Kokkos::parallel_for("lather::Shampoo::ns_combine", Range(space, 0, m * m),
+                             impl::kernels::Combine2<value_type>{bv.data(), b2v.data(), value_type(cb), value_type(cc)});
+        Kokkos::parallel_for("lather::Shampoo::ns_copy", Range(space, 0, n),
+                             impl::kernels::Scale<value_type>{cur, nxt, value_type(1), false});
+        // X <- a X + X B: M <- a M + B M (tall) or M <- a M + M B (wide); B is symmetric.
+        if (tall) gemm(space, "N", "N", value_type(1), bm, mm, value_type(ca), blas_matrix(nxt, c, r));
+        else gemm(space, "N", "N", value_type(1), mm, bm, value_type(ca), blas_matrix(nxt, c, r));
+        std::swap(cur, nxt);
+      }
+      out = cur;
+      if (scale != 1.0)
+        Kokkos::parallel_for("lather::Shampoo::scale_by_dims", Range(space, 0, n),
+                             impl::kernels::Scale<value_type>{out, out, value_type(scale), false});
+    }
+    return out;
+  }
+
+  // Sign descent of one block in place: sign(x) * scale_fn(stats of x).
+  void sign_block(const ExecSpace& space, const block_state_type& blk, value_type* x) {
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    const std::int64_t n = numel_of(blk.extent);
+    double scale = 1.0;
+    if constexpr (kind == PreconditionerKind::sign_descent) {
+      if (inner().scale_fn) {
+        SignDescentBlockStats stats;
+        stats.numel = n;
+        double sumsq = 0;
+        Kokkos::parallel_reduce("lather::Shampoo::sign_l1", Range(space, 0, n), impl::kernels::SumAbs<value_type>{x},
+                                stats.l1_norm);
+        Kokkos::parallel_reduce("lather::Shampoo::sign_l2", Range(space, 0, n),
+                                impl::kernels::SumSquares<value_type>{x}, sumsq);
+        stats.l2_norm = std::sqrt(sumsq);
+        scale = inner().scale_fn(stats);
+      }
+    }
+    Kokkos::parallel_for("lather::Shampoo::sign", Range(space, 0, n),
+                         impl::kernels::SignScale<value_type>{x, value_type(scale)});
+  }
+
+  // Block data (a raw range of a work buffer) to and from a host vector of the same length.
+  static void view_range_to_host(const ExecSpace& space, const value_type* x, std::vector<value_type>& h) {
+    Kokkos::View<const value_type*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> d(x, h.size());
+    Kokkos::View<value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> hv(h.data(), h.size());
+    space.fence();
+    Kokkos::deep_copy(hv, d);
+  }
+  static void host_range_to_view(const ExecSpace& space, const std::vector<value_type>& h, value_type* x) {
+    Kokkos::View<value_type*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> d(x, h.size());
+    Kokkos::View<const value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> hv(h.data(), h.size());
+    Kokkos::deep_copy(space, d, hv);
+    space.fence();
   }
 
   // ---- helpers -------------------------------------------------------------------------------
@@ -978,14 +1441,75 @@ class Shampoo {
   static bool holds(const StateTensor& t) {
     return std::holds_alternative<std::vector<S>>(t.values);
   }
-  template <class V, class FS>
-  static StateTensor storage_to_tensor(const V& storage, const FS& f) {
+  template <class V>
+  static StateTensor view_to_tensor(const V& storage, std::vector<std::int64_t> shape) {
     using S = typename V::non_const_value_type;
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), storage);
     std::vector<S> v(h.data(), h.data() + h.size());
-    std::vector<std::int64_t> shape = f.packed ? std::vector<std::int64_t>{static_cast<std::int64_t>(v.size())}
-                                               : std::vector<std::int64_t>{f.dim, f.dim};
     return StateTensor{std::move(shape), std::move(v)};
+  }
+  static std::string shape_string(const std::vector<std::int64_t>& shape) {
+    std::string out = "(";
+    for (std::size_t k = 0; k < shape.size(); ++k) out += (k ? ", " : "") + std::to_string(shape[k]);
+    return out + (shape.size() == 1 ? ",)" : ")");
+  }
+  // The per-factor state-dict entries of this preconditioner: 0 factor, 1 inverse factor,
+  // 2 eigenvectors, 3 eigenvalues (the reference's names).
+  static std::vector<int> factor_entries() {
+    if constexpr (kind == PreconditionerKind::root_inverse) return {0, 1};
+    else if constexpr (kind == PreconditionerKind::eigendecomposed) return {0, 2, 3};
+    else if constexpr (kind == PreconditionerKind::eigenvalue_corrected) return {0, 2};
+    else return {};
+  }
+  static const char* factor_entry_name(int which) {
+    switch (which) {
+      case 0: return "shampoo.factor_matrices.";
+      case 1: return "shampoo.inv_factor_matrices.";
+      case 2: return "shampoo.factor_matrices_eigenvectors.";
+      default: return "shampoo.factor_matrices_eigenvalues.";
+    }
+  }
+  static std::vector<std::int64_t> factor_entry_shape(int which, const factor_state_type& f) {
+    if (which <= 1) return f.packed ? std::vector<std::int64_t>{f.dim * (f.dim + 1) / 2} : std::vector<std::int64_t>{f.dim, f.dim};
+    if (which == 2) return {f.dim, f.dim};
+    return {f.dim};
+  }
+  static const Kokkos::View<inverse_factor_type*, memory_space>& factor_entry_view(int which, const factor_state_type& f) {
+    return which == 1 ? f.inverse_factor : which == 2 ? f.eigenvectors : f.eigenvalues;
+  }
+  static constexpr const char* element_state_names[] = {"filtered_grad", "adagrad", "momentum_buffer",
+                                                         "corrected_eigenvalues", "weight_buffer"};
+  // "lather.Shampoo.v1" for classic Shampoo (unchanged), with the policy's kind otherwise, so a
+  // dictionary saved with another preconditioner is rejected by name.
+  static std::string state_format() {
+    std::string f = "lather.Shampoo.v1";
+    if constexpr (kl) f += "/kl";
+    switch (kind) {
+      case PreconditionerKind::root_inverse: break;
+      case PreconditionerKind::eigendecomposed: f += "/eigendecomposed"; break;
+      case PreconditionerKind::eigenvalue_corrected: f += "/eigenvalue_corrected"; break;
+      case PreconditionerKind::spectral_descent: f += "/spectral_descent"; break;
+      case PreconditionerKind::sign_descent: f += "/sign_descent"; break;
+    }
+    return f;
+  }
+  void switch_mode(bool train) {
+    if (m_train == train) return;
+    for (auto& p : m_params) {
+      const auto& o = m_groups[p.group].options;
+      if (o.iterate_averaging == IterateAveraging::none || p.param.size() == 0) continue;
+      const double mu_y = o.train_interp_coeff;
+      const double coefficient = train ? 1.0 - mu_y : 1.0 - 1.0 / mu_y;
+      for_each_blocked("lather::Shampoo::train_eval", ExecSpace(), p,
+                       impl::kernels::Interpolate<value_type, memory_space>{p.param, p.weight_buffer,
+                                                                            value_type(coefficient)});
+    }
+    ExecSpace().fence();
+    m_train = train;
+  }
+  const inner_type& inner() const noexcept {
+    if constexpr (kl) return m_preconditioner.inner;
+    else return m_preconditioner;
   }
   template <class V>
   static void tensor_to_storage(const StateTensor& t, const V& storage) {
@@ -1009,12 +1533,13 @@ class Shampoo {
     Kokkos::deep_copy(sub, h);
   }
 
-  RootInverse m_root_inverse;
+  Preconditioner m_preconditioner;
   Grafting m_grafting;
+  bool m_train = true;
   std::vector<GroupState> m_groups;
   std::vector<ParamState> m_params;
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
-  std::map<std::size_t, vector_type> m_gram;
+  std::map<std::size_t, vector_type> m_gram, m_gram2;
   vector_type m_grad, m_work0, m_work1;
   impl::ShampooStepInfo m_info;
   impl::GradientIntake<value_type, memory_space, ExecSpace> m_intake;

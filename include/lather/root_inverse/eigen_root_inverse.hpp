@@ -36,6 +36,57 @@ struct PseudoInverse {
   std::optional<double> rank_rtol = 0.0;
 };
 
+namespace impl {
+/// \brief The reference's eigenvalue rule (notes section 5.1) for eigenvalues `lambda` (ascending)
+/// of A_r: s_k = lambda_k^(-1/root) after the perturbation shift, or the pseudo-inverse cut.
+/// Returns false when a scale is infinite (a zero eigenvalue left with epsilon = 0). Shared by
+/// EigenRootInverse and eigendecomposed Shampoo, which applies it to its stored eigenvalues.
+template <class E>
+bool inverse_root_scales(const std::vector<E>& lambda, double root, double epsilon, bool perturb_before_computation,
+                         const std::optional<PseudoInverse>& pseudo_inverse, std::vector<E>& s) {
+  const std::size_t n = lambda.size();
+  const E exponent = static_cast<E>(-1.0 / root);
+  s.assign(n, E(0));
+  if (n == 0) return true;
+  if (pseudo_inverse) {
+    const double rtol = pseudo_inverse->rank_rtol ? *pseudo_inverse->rank_rtol
+                                                  : static_cast<double>(n) * std::numeric_limits<E>::epsilon();
+    const double cut = std::max(pseudo_inverse->rank_atol, rtol * std::max(static_cast<double>(lambda[n - 1]), 0.0));
+    for (std::size_t k = 0; k < n; ++k)
+      s[k] = static_cast<double>(lambda[k]) <= cut ? E(0) : std::pow(lambda[k], exponent);
+  } else {
+    // The reference computes the shift as a Python float and adds it in the tensor's precision.
+    const double lambda_min = static_cast<double>(lambda[0]);  // ascending
+    const double shift = perturb_before_computation ? -std::min(lambda_min - epsilon, 0.0)
+                                                    : -std::min(lambda_min, 0.0) + epsilon;
+    for (std::size_t k = 0; k < n; ++k) {
+      const E l = lambda[k] + static_cast<E>(shift);
+      // l == 0 (a singular A_r with eps = 0): the reference's 0^(-1/r) = inf, without the
+      // division-by-zero trap.
+      s[k] = l > E(0) ? std::pow(l, exponent) : std::numeric_limits<E>::infinity();
+    }
+  }
+  return std::all_of(s.begin(), s.end(), [](E v) { return std::isfinite(v); });
+}
+
+/// X = (Q diag(s)) Q^T, column-major n x n, through the host BLAS.
+template <class E>
+std::vector<E> matrix_from_eigenpairs(const std::vector<E>& q, const std::vector<E>& s, std::size_t n) {
+  std::vector<E> qs(n * n), x(n * n);
+  for (std::size_t k = 0; k < n; ++k)
+    for (std::size_t i = 0; i < n; ++i) qs[i + k * n] = q[i + k * n] * s[k];
+  using host_matrix = Kokkos::View<E**, Kokkos::LayoutLeft, Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
+                                   Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using const_host_matrix = Kokkos::View<const E**, Kokkos::LayoutLeft,
+                                         Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
+                                         Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  if (n > 0)
+    impl::kernels::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "T", E(1), const_host_matrix(qs.data(), n, n),
+                        const_host_matrix(q.data(), n, n), E(0), host_matrix(x.data(), n, n));
+  return x;
+}
+}  // namespace impl
+
 /// \brief Root inverse through a symmetric eigendecomposition, the reference's `EigenConfig`.
 ///
 /// ```
@@ -199,49 +250,12 @@ struct EigenRootInverse {
                                     double root, double epsilon, std::vector<T>& result) const {
     for (const E l : lambda)
       if (!std::isfinite(l)) return RootInverseStatus::failed;
-    const E exponent = static_cast<E>(-1.0 / root);
-    std::vector<E> s(n);
-    bool infinite = false;
-    if (pseudo_inverse) {
-      const double rtol = pseudo_inverse->rank_rtol
-                              ? *pseudo_inverse->rank_rtol
-                              : static_cast<double>(n) * std::numeric_limits<E>::epsilon();
-      const double cut =
-          std::max(pseudo_inverse->rank_atol, rtol * std::max(static_cast<double>(lambda[n - 1]), 0.0));
-      for (std::size_t k = 0; k < n; ++k)
-        s[k] = static_cast<double>(lambda[k]) <= cut ? E(0) : std::pow(lambda[k], exponent);
-    } else {
-      // The reference computes the shift as a Python float and adds it in the tensor's precision.
-      const double lambda_min = static_cast<double>(lambda[0]);  // syevd sorts ascending
-      const double shift = perturb_before_computation ? -std::min(lambda_min - epsilon, 0.0)
-                                                      : -std::min(lambda_min, 0.0) + epsilon;
-      for (std::size_t k = 0; k < n; ++k) {
-        const E l = lambda[k] + static_cast<E>(shift);
-        // l == 0 (a singular A_r with eps = 0): the reference's 0^(-1/r) = inf, without the
-        // division-by-zero trap.
-        s[k] = l > E(0) ? std::pow(l, exponent) : std::numeric_limits<E>::infinity();
-      }
-    }
-    for (const E v : s) infinite = infinite || !std::isfinite(v);
-    if (infinite) {
+    std::vector<E> s;
+    if (!impl::inverse_root_scales(lambda, root, epsilon, perturb_before_computation, pseudo_inverse, s)) {
       std::fill(result.begin(), result.end(), std::numeric_limits<T>::infinity());
       return RootInverseStatus::non_finite;
     }
-
-    // X = (Q diag(s)) Q^T, column-major.
-    std::vector<E> qs(n * n), x(n * n);
-    for (std::size_t k = 0; k < n; ++k)
-      for (std::size_t i = 0; i < n; ++i) qs[i + k * n] = q[i + k * n] * s[k];
-    using host_matrix = Kokkos::View<E**, Kokkos::LayoutLeft,
-                                     Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
-                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    using const_host_matrix =
-        Kokkos::View<const E**, Kokkos::LayoutLeft,
-                     Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
-                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    impl::kernels::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "T", E(1),
-                        const_host_matrix(qs.data(), n, n), const_host_matrix(q.data(), n, n), E(0),
-                        host_matrix(x.data(), n, n));
+    const std::vector<E> x = impl::matrix_from_eigenpairs(q, s, n);
     bool finite = true;
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < n; ++j) {

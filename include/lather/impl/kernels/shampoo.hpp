@@ -205,6 +205,102 @@ struct ModeProduct {
   }
 };
 
+/// Y[a, i, b] = sum_c X[a, c, b] * Q(c, i) (`transpose` false: the rotation into an eigenbasis,
+/// the reference's tensordot dims ([0], [0])) or sum_c X[a, c, b] * Q(i, c) (`transpose` true:
+/// the rotation back, dims ([0], [1])), Q a full row-major d x d matrix.
+template <class T, class P>
+struct ModeProductGeneral {
+  const T* x;
+  T* y;
+  std::int64_t d, inner;
+  const P* q;
+  bool transpose;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const {
+    const std::int64_t b = e % inner;
+    const std::int64_t i = (e / inner) % d;
+    const std::int64_t a = e / (inner * d);
+    const T* xa = x + a * d * inner + b;
+    P s = 0;
+    if (transpose) {
+      for (std::int64_t c = 0; c < d; ++c) s += P(xa[c * inner]) * q[i * d + c];
+    } else {
+      for (std::int64_t c = 0; c < d; ++c) s += P(xa[c * inner]) * q[c * d + i];
+    }
+    y[e] = T(s);
+  }
+};
+
+/// Eigenvalue correction, per element: D = beta2 D + w R^2 (R the raw gradient in the eigenbasis;
+/// the multiply by beta2 skipped when beta2 == 1, as for the factors).
+template <class T>
+struct CorrectedUpdate {
+  const T* rotated;
+  T* corrected;
+  T beta2, weight;
+  bool scale;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const {
+    const T r = rotated[e];
+    corrected[e] = (scale ? beta2 * corrected[e] : corrected[e]) + weight * (r * r);
+  }
+};
+
+/// Eigenvalue correction, per element: X = X / ((D / bc2)^exponent + eps) (a square root when the
+/// exponent is 1/2, as Adam's).
+template <class T>
+struct CorrectedScale {
+  T* x;
+  const T* corrected;
+  T bias_correction2, epsilon, exponent;
+  bool divide, square_root;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const {
+    const T v = divide ? corrected[e] / bias_correction2 : corrected[e];
+    const T root = square_root ? math::sqrt(v) : math::pow(v, exponent);
+    x[e] = x[e] / (root + epsilon);
+  }
+};
+
+/// Sign descent, per element: x = sign(x) * scale, sign(0) = 0.
+template <class T>
+struct SignScale {
+  T* x;
+  T scale;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const {
+    const T v = x[e];
+    x[e] = (v > T(0) ? scale : (v < T(0) ? -scale : T(0)));
+  }
+};
+
+/// out = in / divisor (Newton-Schulz's normalization) or in * factor (scaling, copies), per element.
+template <class T>
+struct Scale {
+  const T* in;
+  T* out;
+  T value;
+  bool divide;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const { out[e] = divide ? in[e] / value : in[e] * value; }
+};
+
+/// Newton-Schulz's B = b B + c B^2, per element of the small Gram matrix.
+template <class T>
+struct Combine2 {
+  T* b;
+  const T* b2;
+  T coef_b, coef_c;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const { b[e] = coef_b * b[e] + coef_c * b2[e]; }
+};
+
+/// Sum of squares (and of absolute values) of a range, in double.
+template <class T>
+struct SumSquares {
+  const T* x;
+  KOKKOS_FUNCTION void operator()(std::int64_t e, double& acc) const { acc += double(x[e]) * double(x[e]); }
+};
+template <class T>
+struct SumAbs {
+  const T* x;
+  KOKKOS_FUNCTION void operator()(std::int64_t e, double& acc) const { acc += math::abs(double(x[e])); }
+};
+
 /// Moves dimension k of a block to the end without a product (a dimension that is not
 /// preconditioned): Y[a, b, i] = X[a, i, b]. Kept so the data flow matches the reference.
 template <class T>
@@ -311,6 +407,47 @@ struct ApplyUpdate {
     }
     w = w + (-lr) * p;
   }
+};
+
+/// The end of the step with generalized primal averaging or Schedule-Free (notes section 3,
+/// steps 11-15), per element: Z <- Z (1 - lr alpha); P = -lr P;
+/// W += (1 - mu_x)(Z - W) + (1 - mu_x mu_y) P; Z <- Z + P.
+template <class T, class MemorySpace>
+struct ApplyAveragedUpdate {
+  TensorRef<T, MemorySpace> param;
+  Kokkos::View<const T*, MemorySpace> direction;
+  Kokkos::View<T*, MemorySpace> weight_buffer;
+  T z_decay, lr, one_minus_mu_x, one_minus_mu_x_mu_y;
+  bool decay;
+  KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
+    T& w = param[i];
+    T z = weight_buffer(q);
+    if (decay) z = z * z_decay;
+    const T p = (-lr) * direction(q);
+    const T delta = one_minus_mu_x * (z - w) + one_minus_mu_x_mu_y * p;
+    weight_buffer(q) = z + p;
+    w = w + delta;
+  }
+};
+
+/// Iterate averaging's train/eval switch, per element: W += coefficient (Z - W).
+template <class T, class MemorySpace>
+struct Interpolate {
+  TensorRef<T, MemorySpace> param;
+  Kokkos::View<const T*, MemorySpace> weight_buffer;
+  T coefficient;
+  KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
+    T& w = param[i];
+    w = w + coefficient * (weight_buffer(q) - w);
+  }
+};
+
+/// Copies the parameter into a blocked buffer (the weight buffer's initial value).
+template <class T, class MemorySpace>
+struct GatherParam {
+  TensorRef<T, MemorySpace> param;
+  Kokkos::View<T*, MemorySpace> out;
+  KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const { out(q) = param[i]; }
 };
 
 /// Counts non-finite entries of a matrix.
