@@ -26,9 +26,10 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # Debian packages: build tools, numerical libraries, MPI, test/bench frameworks and the small
 # well-kept libraries the examples and tools use (JSON, CLI, zlib), the Fashion-MNIST data set
-# and gnuplot for the trainer's plot.
+# and gnuplot for the trainer's plot; ccache so that repeated builds (CI, fresh clones on the
+# same machine) reuse compiled objects.
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config dpkg-dev xz-utils ca-certificates
+  build-essential cmake ninja-build ccache pkg-config dpkg-dev xz-utils ca-certificates
   libopenblas-dev liblapack-dev liblapacke-dev libeigen3-dev
   openmpi-bin libopenmpi-dev
   doctest-dev libbenchmark-dev

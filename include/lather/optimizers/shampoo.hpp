@@ -1477,8 +1477,9 @@ class Shampoo {
   static const Kokkos::View<inverse_factor_type*, memory_space>& factor_entry_view(int which, const factor_state_type& f) {
     return which == 1 ? f.inverse_factor : which == 2 ? f.eigenvectors : f.eigenvalues;
   }
-  static constexpr const char* element_state_names[] = {"filtered_grad", "adagrad", "momentum_buffer",
-                                                         "corrected_eigenvalues", "weight_buffer"};
+  // A sized std::array: nvcc's front end rejects a range-for over an in-class array of deduced size.
+  static constexpr std::array<const char*, 5> element_state_names = {"filtered_grad", "adagrad", "momentum_buffer",
+                                                                     "corrected_eigenvalues", "weight_buffer"};
   // "lather.Shampoo.v1" for classic Shampoo (unchanged), with the policy's kind otherwise, so a
   // dictionary saved with another preconditioner is rejected by name.
   static std::string state_format() {
