@@ -24,7 +24,9 @@
 #endif
 
 #include <lather/io/state_dict.hpp>
+#include <lather/io/checkpoint.hpp>
 #include <lather/optimizers/param_group.hpp>
+#include <lather/optimizers/nonfinite.hpp>
 #include <lather/optimizers/sgd.hpp>
 #include <lather/optimizers/adagrad.hpp>
 #include <lather/optimizers/rmsprop.hpp>

@@ -31,10 +31,10 @@ Result with_amortized(const Case& c, const lather::ShampooOptions& s, const json
     lather::EigenvalueCorrectedShampoo<A> ec{.amortized = amortized_from<A>(pre)};
     if (pre.contains("ignored_basis_change_dims"))
       for (const auto& [order, dims] : pre.at("ignored_basis_change_dims").items())
-        ec.ignored_basis_change_dims[std::stoi(order)] = dims.template get<std::vector<int>>();
+        ec.ignored_basis_change_dims[key_int(order, "optimizer.preconditioner")] = dims.template get<std::vector<int>>();
     if (pre.contains("inverse_exponent_override"))
       for (const auto& [order, e] : pre.at("inverse_exponent_override").items())
-        ec.inverse_exponent_override[std::stoi(order)] = e.template get<double>();
+        ec.inverse_exponent_override[key_int(order, "optimizer.preconditioner")] = e.template get<double>();
     return run_shampoo<T, E>(c, s, ec, graft, graftings);
   }
   check_keys(pre, {"type", "amortized", "max_iterations", "tolerance"}, "optimizer.preconditioner");

@@ -27,7 +27,7 @@ Result other(const Case& c, const lather::ShampooOptions& s, const json& pre, co
     if (r == "coupled_newton") {
       check_keys(root, {"type", "max_iterations", "tolerance"}, "optimizer.root_inv");
       lather::KLShampoo<lather::CoupledNewtonRootInverse> kl;
-      kl.inner.max_iterations = static_cast<int>(number(root, "max_iterations", 100));
+      kl.inner.max_iterations = whole(root, "max_iterations", 100, "optimizer.root_inv");
       kl.inner.tolerance = number(root, "tolerance", 1e-6);
       return run_shampoo<T, E>(c, s, kl, graft, graftings);
     }
@@ -39,10 +39,10 @@ Result other(const Case& c, const lather::ShampooOptions& s, const json& pre, co
       check_keys(pre, {"type", "orthogonalization", "num_iterations", "coefficients", "scale_by_dims"},
                  "optimizer.preconditioner");
       lather::Muon muon{.scale_by_dims = scale_by_dims(pre)};
-      muon.orthogonalization.num_iterations = static_cast<int>(number(pre, "num_iterations", 5));
+      muon.orthogonalization.num_iterations = whole(pre, "num_iterations", 5, "optimizer.preconditioner");
       if (pre.contains("coefficients")) {
         const auto& v = pre.at("coefficients");
-        if (!v.is_array() || v.size() != 3) fail("optimizer.preconditioner: 'coefficients' must be three numbers");
+        if (!v.is_array() || v.size() != 3 || !v[0].is_number() || !v[1].is_number() || !v[2].is_number()) fail("optimizer.preconditioner: 'coefficients' must be three numbers");
         muon.orthogonalization.coefficients = {v[0].get<double>(), v[1].get<double>(), v[2].get<double>()};
       }
       return run_shampoo<T, E>(c, s, muon, graft, graftings);

@@ -22,6 +22,7 @@
 #include <ranges>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -130,11 +131,13 @@ class DiagonalOptimizer {
     static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename gtraits::memory_space>::accessible,
                   "lather: the execution space cannot access the gradients' memory space");
     const auto describe_param = [this](std::size_t i) { return describe(i); };
-    const auto g = m_intake.convert(grads, m_params, describe_param);
-    if (m_check_finite)
-      m_intake.check_finite(space, g, m_params, describe_param,
-                            "Skip this batch, lower the learning rate or add gradient clipping "
-                            "(set_check_finite(false) disables this check)");
+    auto g = m_intake.convert(grads, m_params, describe_param);
+    if (m_check_finite &&
+        m_intake.screen(space, g, m_params, describe_param,
+                        "Skip this batch, lower the learning rate or add gradient clipping", m_nonfinite_policy)) {
+      Kokkos::Profiling::popRegion();
+      return;  // NonFinitePolicy::skip_step: nothing changes
+    }
     const std::size_t n = g.size();
     for (std::size_t i = 0; i < n; ++i) {
       if (!m_intake.has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
@@ -160,6 +163,18 @@ class DiagonalOptimizer {
   /// trainer checks its loss itself.
   void set_check_finite(bool on) noexcept { m_check_finite = on; }
   [[nodiscard]] bool check_finite() const noexcept { return m_check_finite; }
+
+  /// \brief What step() does with a NaN/Inf gradient (NonFinitePolicy::raise by default):
+  /// raise, skip that parameter, or skip the whole step. Needs the check (check_finite()).
+  void set_nonfinite_policy(NonFinitePolicy p) noexcept { m_nonfinite_policy = p; }
+  [[nodiscard]] NonFinitePolicy nonfinite_policy() const noexcept { return m_nonfinite_policy; }
+  /// Steps on which parameter i's gradient had NaN/Inf values and was skipped.
+  [[nodiscard]] std::int64_t nonfinite_skips(std::size_t i) const {
+    check_param(i);
+    return m_intake.nonfinite_skips(i);
+  }
+  /// Whole steps skipped by NonFinitePolicy::skip_step.
+  [[nodiscard]] std::int64_t skipped_steps() const noexcept { return m_intake.skipped_steps(); }
 
   // ---- options -------------------------------------------------------------------------------
 
@@ -281,6 +296,24 @@ class DiagonalOptimizer {
       });
       Algorithm::validate(new_options[g], OptionCheck(Algorithm::name, concat(
           "load_state_dict: parameter group ", g)));
+      // Only the learning rate (a scheduler's) is restored; a dictionary saved with other
+      // options is refused, never loaded silently.
+      options_type saved = new_options[g];
+      saved.lr = m_group_options[g].lr;
+      options_type current = m_group_options[g];
+      visit_options(current, [&](const char* name, auto& v) {
+        visit_options(saved, [&](const char* other, auto& w) {
+          if constexpr (std::is_same_v<decltype(v), decltype(w)>) {
+            if (std::string_view(name) == other && !(v == w))
+              throw_error<invalid_argument>(
+                  std::source_location::current(), "lather::", Algorithm::name,
+                  "::load_state_dict: the dictionary was saved with option '", name, "' = ", option_string(w),
+                  " in parameter group ", g, ", this optimizer has ", option_string(v),
+                  "; construct it with the checkpoint's options (only 'lr' is restored) and change options after "
+                  "loading; nothing was changed");
+          }
+        });
+      });
     }
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       const std::string key = "state." + std::to_string(i) + ".";
@@ -413,6 +446,14 @@ class DiagonalOptimizer {
     return t.shape.empty() && std::holds_alternative<std::vector<S>>(t.values) &&
            std::get<std::vector<S>>(t.values).size() == 1;
   }
+  static std::string option_string(double v) { return concat(v); }
+  static std::string option_string(bool v) { return v ? "true" : "false"; }
+  template <std::size_t N>
+  static std::string option_string(const std::array<double, N>& v) {
+    std::string s = "(";
+    for (std::size_t k = 0; k < N; ++k) s += (k ? ", " : "") + concat(v[k]);
+    return s + ")";
+  }
   static StateTensor option_to_tensor(double v) { return {{}, std::vector<double>{v}}; }
   static StateTensor option_to_tensor(bool v) { return {{}, std::vector<double>{v ? 1.0 : 0.0}}; }
   template <std::size_t N>
@@ -450,6 +491,7 @@ class DiagonalOptimizer {
   std::vector<options_type> m_group_options;
   std::vector<state_type> m_states;
   bool m_check_finite = true;
+  NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
   GradientIntake<value_type, memory_space, ExecSpace> m_intake;
 };
 

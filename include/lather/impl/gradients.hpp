@@ -9,9 +9,11 @@
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/optimizers/nonfinite.hpp>
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <ranges>
@@ -34,6 +36,17 @@ std::vector<std::int64_t> strides_of(const R& r) {
   return s;
 }
 
+/// Bytes [first, last) a tensor's elements can touch (empty for a tensor without data).
+template <class R>
+std::pair<std::uintptr_t, std::uintptr_t> byte_range(const R& r) {
+  if (r.data() == nullptr || r.size() == 0) return {0, 0};
+  std::int64_t last = 0;
+  for (int k = 0; k < r.rank(); ++k) last += (r.extent(k) - 1) * (r.stride(k) < 0 ? -r.stride(k) : r.stride(k));
+  const auto first = reinterpret_cast<std::uintptr_t>(r.data());
+  using E = std::remove_cv_t<std::remove_pointer_t<decltype(r.data())>>;
+  return {first, first + static_cast<std::uintptr_t>(last + 1) * sizeof(E)};
+}
+
 /// \brief Gradient intake shared by the optimizers. `describe(i)` names parameter i in messages.
 template <class T, class MemorySpace, class ExecSpace>
 class GradientIntake {
@@ -45,7 +58,8 @@ class GradientIntake {
   GradientIntake(std::string optimizer, std::size_t num_params)
       : m_optimizer(std::move(optimizer)),
         m_counts("lather::" + m_optimizer + "::nonfinite_counts", num_params),
-        m_counts_host(Kokkos::create_mirror_view(m_counts)) {}
+        m_counts_host(Kokkos::create_mirror_view(m_counts)),
+        m_skips(num_params, 0) {}
 
   /// A gradient without data stands for torch's `grad is None` (a zero-size parameter needs none).
   static bool has_gradient(const grad_ref& g, const param_ref& p) { return g.data() != nullptr || p.size() == 0; }
@@ -68,13 +82,85 @@ class GradientIntake {
                       " has shape ", params[i].shape_string(), " but its gradient has shape ", g[i].shape_string(),
                       "; pass gradients in parameter order with matching shapes");
     }
+    check_aliasing(g, params, describe);
     return g;
   }
+
+  /// \brief Screens every present gradient for NaN/Inf values (see check_finite) and applies
+  /// `policy`: raise throws; skip_parameter replaces each bad gradient in `g` by "no gradient";
+  /// skip_step returns true (the caller changes nothing). Skips are counted.
+  bool screen(const ExecSpace& space, std::vector<grad_ref>& g, const std::vector<param_ref>& params,
+              const std::function<std::string(std::size_t)>& describe, const char* hint, NonFinitePolicy policy) {
+    count_nonfinite(space, g, params);
+    bool any = false;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (m_counts_host(i) == 0) continue;
+      LATHER_THROW_IF(policy == NonFinitePolicy::raise, "lather::", m_optimizer, "::step: the gradient of ", describe(i),
+                      " has ", m_counts_host(i), " NaN or Inf value(s) out of ", g[i].size(),
+                      "; nothing was changed. ", hint,
+                      " (or choose NonFinitePolicy::skip_parameter / skip_step with set_nonfinite_policy)");
+      any = true;
+    }
+    if (!any) return false;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (m_counts_host(i) == 0) continue;
+      ++m_skips[i];
+      if (policy == NonFinitePolicy::skip_parameter) g[i] = grad_ref();
+    }
+    if (policy == NonFinitePolicy::skip_step) ++m_skipped_steps;
+    return policy == NonFinitePolicy::skip_step;
+  }
+
+  /// Steps on which parameter i's gradient had NaN/Inf values and was skipped.
+  [[nodiscard]] std::int64_t nonfinite_skips(std::size_t i) const { return m_skips.at(i); }
+  /// Whole steps skipped by NonFinitePolicy::skip_step.
+  [[nodiscard]] std::int64_t skipped_steps() const noexcept { return m_skipped_steps; }
 
   /// Counts NaN/Inf values of every present gradient with one kernel per gradient and one copy
   /// of the counts (one fence of `space`); throws naming the first bad parameter.
   void check_finite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params,
                     const std::function<std::string(std::size_t)>& describe, const char* hint) {
+    count_nonfinite(space, g, params);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      LATHER_THROW_IF(m_counts_host(i) != 0, "lather::", m_optimizer, "::step: the gradient of ", describe(i),
+                      " has ", m_counts_host(i), " NaN or Inf value(s) out of ", g[i].size(),
+                      "; nothing was changed. ", hint);
+  }
+
+ private:
+  // A gradient that overlaps another gradient or any parameter is a caller bug that would
+  // silently corrupt the step (the update reads the gradient while writing parameters/state).
+  void check_aliasing(const std::vector<grad_ref>& g, const std::vector<param_ref>& params,
+                      const std::function<std::string(std::size_t)>& describe) const {
+    struct Range {
+      std::uintptr_t first, last;
+      std::size_t index;
+      bool is_grad;
+    };
+    std::vector<Range> r;
+    r.reserve(2 * g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const auto [gf, gl] = byte_range(g[i]);
+      if (gf != gl) r.push_back({gf, gl, i, true});
+      const auto [pf, pl] = byte_range(params[i]);
+      if (pf != pl) r.push_back({pf, pl, i, false});
+    }
+    std::sort(r.begin(), r.end(), [](const Range& a, const Range& b) { return a.first < b.first; });
+    // Sweep: compare each range with the open one that reaches furthest.
+    std::size_t open = 0;
+    for (std::size_t k = 1; k < r.size(); ++k) {
+      if (r[k].first < r[open].last && (r[k].is_grad || r[open].is_grad)) {
+        const Range& a = r[open].is_grad ? r[open] : r[k];
+        const Range& b = r[open].is_grad ? r[k] : r[open];
+        LATHER_THROW_IF(true, "lather::", m_optimizer, "::step: the gradient of ", describe(a.index),
+                        " overlaps the memory of ", b.is_grad ? "the gradient of " : "", describe(b.index),
+                        "; pass each parameter its own gradient buffer; nothing was changed");
+      }
+      if (r[k].last > r[open].last) open = k;
+    }
+  }
+
+  void count_nonfinite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params) {
     Kokkos::deep_copy(space, m_counts, 0);
     for (std::size_t i = 0; i < g.size(); ++i) {
       if (!has_gradient(g[i], params[i]) || g[i].size() == 0) continue;
@@ -84,17 +170,14 @@ class GradientIntake {
     }
     Kokkos::deep_copy(space, m_counts_host, m_counts);
     space.fence();
-    for (std::size_t i = 0; i < g.size(); ++i)
-      LATHER_THROW_IF(m_counts_host(i) != 0, "lather::", m_optimizer, "::step: the gradient of ", describe(i),
-                      " has ", m_counts_host(i), " NaN or Inf value(s) out of ", g[i].size(),
-                      "; nothing was changed. ", hint);
   }
 
- private:
   std::string m_optimizer;
   Kokkos::View<std::int64_t*, MemorySpace> m_counts;
   // `auto`-typed mirror: View::HostMirror is deprecated in Kokkos 5.
   decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, MemorySpace>>())) m_counts_host;
+  std::vector<std::int64_t> m_skips;
+  std::int64_t m_skipped_steps = 0;
 };
 
 }  // namespace lather::impl

@@ -23,6 +23,7 @@
 #include <lather/impl/option_check.hpp>
 #include <lather/io/state_dict.hpp>
 #include <lather/layout/blocking.hpp>
+#include <lather/optimizers/nonfinite.hpp>
 #include <lather/optimizers/param_group.hpp>
 #include <lather/preconditioners/preconditioners.hpp>
 #include <lather/root_inverse/eigen_root_inverse.hpp>
@@ -39,6 +40,8 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace lather {
@@ -265,9 +268,13 @@ class Shampoo {
     std::vector<tensor_type> params(m_params.size());
     for (std::size_t i = 0; i < m_params.size(); ++i) params[i] = m_params[i].param;
     const auto describe_param = [this](std::size_t i) { return describe(i); };
-    const auto g = m_intake.convert(grads, params, describe_param);
-    m_intake.check_finite(space, g, params, describe_param,
-                          "Skip this batch, lower the learning rate or clip gradients");
+    auto g = m_intake.convert(grads, params, describe_param);
+    // Always checked: a NaN/Inf gradient would poison the factor matrices for good.
+    if (m_intake.screen(space, g, params, describe_param, "Skip this batch, lower the learning rate or clip gradients",
+                        m_nonfinite_policy)) {
+      Kokkos::Profiling::popRegion();
+      return;  // NonFinitePolicy::skip_step: nothing changes, step counters included
+    }
 
     // Step counters advance for every group (as the reference does, with or without gradients);
     // so does Schedule-Free's sum of lr^p.
@@ -297,6 +304,20 @@ class Shampoo {
   void step(const Grads& grads) {
     step(ExecSpace(), grads);
   }
+
+  /// \brief What step() does with a NaN/Inf gradient (NonFinitePolicy::raise by default):
+  /// raise, treat that parameter as having no gradient (skip_parameter: its factors, state and
+  /// values stay; the group's step counter advances as for any parameter without a gradient), or
+  /// skip the whole step (skip_step: nothing changes, step counters included).
+  void set_nonfinite_policy(NonFinitePolicy p) noexcept { m_nonfinite_policy = p; }
+  [[nodiscard]] NonFinitePolicy nonfinite_policy() const noexcept { return m_nonfinite_policy; }
+  /// Steps on which parameter i's gradient had NaN/Inf values and was skipped.
+  [[nodiscard]] std::int64_t nonfinite_skips(std::size_t i) const {
+    (void)param_state(i);
+    return m_intake.nonfinite_skips(i);
+  }
+  /// Whole steps skipped by NonFinitePolicy::skip_step.
+  [[nodiscard]] std::int64_t skipped_steps() const noexcept { return m_intake.skipped_steps(); }
 
   // ---- options and inspection --------------------------------------------------------------
 
@@ -404,6 +425,7 @@ class Shampoo {
       d.tensors[key + "peak_lr"] = StateTensor{{}, std::vector<double>{*m_groups[g].options.peak_lr}};
       if (m_groups[g].options.iterate_averaging == IterateAveraging::schedule_free)
         d.tensors[key + "lr_sum"] = StateTensor{{}, std::vector<double>{m_groups[g].lr_sum}};
+      for (auto& [name, t] : recorded_options(m_groups[g].options)) d.tensors[key + name] = std::move(t);
     }
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       const auto& p = m_params[i];
@@ -470,6 +492,15 @@ class Shampoo {
                         "lather::Shampoo::load_state_dict: '", key, "lr_sum' must be finite and >= 0");
       }
       validate(groups[g].options, impl::OptionCheck("Shampoo", "load_state_dict: parameter group " + std::to_string(g)));
+      // Every other option (and the grafting settings) must be the ones the dictionary was saved
+      // with: a checkpoint from another option set is refused, never loaded silently.
+      for (const auto& [name, want] : recorded_options(m_groups[g].options)) {
+        const StateTensor& t = entry(key + name);
+        LATHER_THROW_IF(!(t == want), "lather::Shampoo::load_state_dict: the dictionary was saved with option '", name,
+                        "' = ", option_string(t), " in parameter group ", g, ", this optimizer has ",
+                        option_string(want), "; construct it with the checkpoint's options (only 'lr' and 'peak_lr' "
+                        "are restored); nothing was changed");
+      }
     }
     struct Pending {
       const StateTensor* t;
@@ -1477,6 +1508,55 @@ class Shampoo {
   static const Kokkos::View<inverse_factor_type*, memory_space>& factor_entry_view(int which, const factor_state_type& f) {
     return which == 1 ? f.inverse_factor : which == 2 ? f.eigenvectors : f.eigenvalues;
   }
+  // The options a state dictionary records besides lr and peak_lr (restored) and the step
+  // counters: everything that changes the numbers or the state's structure, so load_state_dict
+  // can refuse a checkpoint of another configuration. Enums and flags as their integer values;
+  // inverse_exponent_override as rows (order, dimension or -1 for 'all', exponent).
+  std::vector<std::pair<std::string, StateTensor>> recorded_options(const ShampooOptions& o) const {
+    std::vector<std::pair<std::string, StateTensor>> r;
+    auto scalar = [&](const char* name, double v) { r.emplace_back(name, StateTensor{{}, std::vector<double>{v}}); };
+    auto d = [](auto v) { return static_cast<double>(v); };
+    r.emplace_back("betas", StateTensor{{2}, std::vector<double>{o.betas[0], o.betas[1]}});
+    scalar("beta3", o.beta3);
+    scalar("epsilon", o.epsilon);
+    scalar("weight_decay", o.weight_decay);
+    scalar("weight_decay_type", d(static_cast<int>(o.weight_decay_type)));
+    scalar("max_preconditioner_dim", d(o.max_preconditioner_dim));
+    scalar("precondition_frequency", d(o.precondition_frequency));
+    scalar("start_preconditioning_step", d(o.start_preconditioning_step));
+    scalar("use_bias_correction", d(o.use_bias_correction));
+    scalar("target_parameter_dimensionality", d(o.target_parameter_dimensionality));
+    scalar("momentum", o.momentum);
+    scalar("dampening", o.dampening);
+    scalar("use_nesterov", d(o.use_nesterov));
+    std::vector<double> overrides;
+    for (const auto& [order, ov] : o.inverse_exponent_override) {
+      if (ov.all) overrides.insert(overrides.end(), {d(order), -1.0, *ov.all});
+      for (const auto& [dim, e] : ov.per_dimension) overrides.insert(overrides.end(), {d(order), d(dim), e});
+    }
+    const auto rows = static_cast<std::int64_t>(overrides.size() / 3);
+    r.emplace_back("inverse_exponent_override", StateTensor{{rows, 3}, std::move(overrides)});
+    std::vector<double> roots(o.inv_root_override.begin(), o.inv_root_override.end());
+    r.emplace_back("inv_root_override",
+                   StateTensor{{static_cast<std::int64_t>(roots.size())}, std::move(roots)});
+    scalar("exponent_multiplier", o.exponent_multiplier);
+    scalar("iterate_averaging", d(static_cast<int>(o.iterate_averaging)));
+    scalar("eval_interp_coeff", o.eval_interp_coeff);
+    scalar("train_interp_coeff", o.train_interp_coeff);
+    scalar("eval_coeff_lr_power", o.eval_coeff_lr_power);
+    scalar("num_tolerated_failed_amortized_computations", d(o.num_tolerated_failed_amortized_computations));
+    scalar("use_symmetric_packing", d(o.use_symmetric_packing));
+    if constexpr (requires { m_grafting.epsilon; }) scalar("grafting_epsilon", m_grafting.epsilon);
+    if constexpr (requires { m_grafting.beta2; }) scalar("grafting_beta2", m_grafting.beta2);
+    return r;
+  }
+  static std::string option_string(const StateTensor& t) {
+    std::string s;
+    std::visit([&](const auto& v) {
+      for (std::size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + impl::concat(v[k]);
+    }, t.values);
+    return t.shape.empty() ? s : "(" + s + ") of shape " + shape_string(t.shape);
+  }
   // A sized std::array: nvcc's front end rejects a range-for over an in-class array of deduced size.
   static constexpr std::array<const char*, 5> element_state_names = {"filtered_grad", "adagrad", "momentum_buffer",
                                                                      "corrected_eigenvalues", "weight_buffer"};
@@ -1544,6 +1624,7 @@ class Shampoo {
   vector_type m_grad, m_work0, m_work1;
   impl::ShampooStepInfo m_info;
   impl::GradientIntake<value_type, memory_space, ExecSpace> m_intake;
+  NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
 };
 
 template <class P>

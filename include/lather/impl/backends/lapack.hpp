@@ -11,6 +11,7 @@
 #ifndef LATHER_IMPL_BACKENDS_LAPACK_HPP
 #define LATHER_IMPL_BACKENDS_LAPACK_HPP
 
+#include <algorithm>
 #include <cfenv>
 #include <cstddef>
 #include <type_traits>
@@ -86,7 +87,15 @@ lapack_int syevd(lapack_int n, T* a, T* w) {
   const lapack_int liwork = iwork_size > 3 + 5 * n ? iwork_size : 3 + 5 * n;
   std::vector<T> work(static_cast<std::size_t>(lwork));
   std::vector<lapack_int> iwork(static_cast<std::size_t>(liwork));
-  detail::call_syevd<T>(&n, a, w, work.data(), &lwork, iwork.data(), &liwork, &info);
+  // OpenBLAS 0.3.21's SSE3 symv kernel (ssymv_L_PRESCOTT, reached through ssytrd) reads up to
+  // 16 bytes past the end of the matrix. Harmless with glibc's heap, but it crashed under
+  // AddressSanitizer, whose allocator can end a block at an unmapped page: work on a copy with
+  // 64 bytes of slack (O(n^2), next to the O(n^3) decomposition).
+  const auto nn = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+  std::vector<T> matrix(nn + 64 / sizeof(T));
+  std::copy(a, a + nn, matrix.begin());
+  detail::call_syevd<T>(&n, matrix.data(), w, work.data(), &lwork, iwork.data(), &liwork, &info);
+  std::copy(matrix.begin(), matrix.begin() + static_cast<std::ptrdiff_t>(nn), a);
   return info;
 }
 

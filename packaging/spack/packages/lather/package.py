@@ -29,6 +29,7 @@ class Lather(CMakePackage):
     depends_on("kokkos-kernels@3.4.1:")
     depends_on("lapack")
     depends_on("blas")
+    depends_on("zlib-api")  # CRC-32 of checkpoint files
     depends_on("eigen@3.3:", when="+eigen")
     depends_on("mpi", when="+mpi")
     depends_on("hdf5", when="+hdf5")
