@@ -12,6 +12,7 @@ namespace fmnist {
 std::string OptimizerSettings::describe() const {
   std::ostringstream s;
   s << name;
+  if (name == "galore") s << "(rank " << galore_rank << (galore_8bit ? ", 8-bit" : "") << ')';
   if (name == "shampoo") {
     s << '(' << grafting << " grafting";
     if (root_inverse != "eigen") s << ", " << root_inverse;
@@ -56,13 +57,15 @@ int parse_command_line(int argc, char** argv, TrainSettings& s, bool print) {
 
   auto* opt = app.add_option_group("optimizer", "Optimizer (names as in PyTorch and DistributedShampoo)");
   opt->add_option("--optimizer", names, "one run per optimizer (and per --lr)")
-      ->check(CLI::IsMember({"sgd", "adagrad", "rmsprop", "adam", "adamw", "shampoo"}));
+      ->check(CLI::IsMember({"sgd", "adagrad", "rmsprop", "adam", "adamw", "shampoo", "adafactor", "came", "lamb",
+                             "galore"}));
   opt->add_option("--lr", lrs, "peak learning rate(s); several give one run each (default 1e-3; sgd 0.05, adagrad 0.01)")
       ->check(CLI::PositiveNumber);
   // A vector, not the std::array itself: nvcc's front end finds CLI11's conversions for
   // std::array ambiguous (seen with nvcc 13 and CLI11 2.3).
   std::vector<double> betas{o.betas[0], o.betas[1]};
-  opt->add_option("--betas", betas, "beta1 beta2 (Adam, AdamW; RMSprop's alpha = beta2; Shampoo's beta1)")
+  opt->add_option("--betas", betas,
+                  "beta1 beta2 (Adam, AdamW, LAMB, GaLore, CAME's first two; RMSprop's alpha = beta2; Shampoo's beta1)")
       ->expected(2)
       ->check(CLI::Range(0.0, 1.0));
   opt->add_option("--eps", o.eps, "Adam / AdamW / Adagrad / RMSprop epsilon")->check(CLI::PositiveNumber);
@@ -84,6 +87,13 @@ int parse_command_line(int argc, char** argv, TrainSettings& s, bool print) {
   sh->add_option("--shampoo-epsilon", o.shampoo_epsilon, "factor regularization")->check(CLI::PositiveNumber);
   sh->add_option("--grafting-beta2", o.grafting_beta2, "Adam / RMSprop grafting beta2")->check(CLI::Range(0.0, 1.0));
   sh->add_option("--grafting-epsilon", o.grafting_epsilon, "grafting epsilon")->check(CLI::PositiveNumber);
+
+  auto* gl = app.add_option_group("galore", "GaLore-AdamW (--optimizer galore)");
+  gl->add_option("--galore-rank", o.galore_rank, "projection rank of each weight matrix")->check(CLI::PositiveNumber);
+  gl->add_option("--galore-update-proj-gap", o.galore_update_proj_gap, "steps between projection refreshes (SVD)")
+      ->check(CLI::PositiveNumber);
+  gl->add_option("--galore-scale", o.galore_scale, "scale of the projected-back update")->check(CLI::PositiveNumber);
+  gl->add_flag("--galore-8bit", o.galore_8bit, "8-bit block-wise quantized Adam states");
 
   auto* cmp = app.add_option_group("comparison", "Comparison mode (what the README's main command runs)");
   cmp->add_flag("--compare", compare,

@@ -90,6 +90,28 @@ std::unique_ptr<AnyOptimizer<Tensor>> make_optimizer(std::vector<Tensor>& params
   if (s.name == "adamw")
     return detail::wrap<Tensor>(lather::AdamW<Tensor, ExecSpace>(
         p, lather::AdamWOptions{.lr = s.lr, .betas = s.betas, .eps = s.eps, .weight_decay = s.weight_decay}, names));
+  // Adafactor with an external learning rate (the trainer's schedule), as HuggingFace recommends
+  // for it: relative_step and scale_parameter off, no first moment.
+  if (s.name == "adafactor")
+    return detail::wrap<Tensor>(lather::Adafactor<Tensor, ExecSpace>(
+        p,
+        lather::AdafactorOptions{.lr = s.lr, .beta1 = 0.0, .weight_decay = s.weight_decay, .scale_parameter = false,
+                                 .relative_step = false},
+        names));
+  if (s.name == "came")
+    return detail::wrap<Tensor>(lather::CAME<Tensor, ExecSpace>(
+        p, lather::CAMEOptions{.lr = s.lr, .betas = {s.betas[0], s.betas[1], 0.9999}, .weight_decay = s.weight_decay},
+        names));
+  if (s.name == "lamb")
+    return detail::wrap<Tensor>(lather::Lamb<Tensor, ExecSpace>(
+        p, lather::LambOptions{.lr = s.lr, .betas = s.betas, .eps = s.eps, .weight_decay = s.weight_decay}, names));
+  if (s.name == "galore")
+    return detail::wrap<Tensor>(lather::GaLoreAdamW<Tensor, ExecSpace>(
+        p,
+        lather::GaLoreOptions{.lr = s.lr, .betas = s.betas, .eps = s.eps, .weight_decay = s.weight_decay,
+                              .rank = s.galore_rank, .update_proj_gap = s.galore_update_proj_gap,
+                              .scale = s.galore_scale, .quantize_states = s.galore_8bit},
+        names));
   if (s.name == "shampoo") {
     if (s.root_inverse == "eigen") return detail::make_shampoo<Tensor, ExecSpace>(params, names, s, lather::EigenRootInverse{});
     if (s.root_inverse == "newton")
@@ -98,7 +120,8 @@ std::unique_ptr<AnyOptimizer<Tensor>> make_optimizer(std::vector<Tensor>& params
       return detail::make_shampoo<Tensor, ExecSpace>(params, names, s, lather::CoupledHigherOrderRootInverse{});
     throw std::invalid_argument("unknown --root-inverse '" + s.root_inverse + "' (choose eigen, newton or higher-order)");
   }
-  throw std::invalid_argument("unknown optimizer '" + s.name + "' (choose sgd, adagrad, rmsprop, adam, adamw or shampoo)");
+  throw std::invalid_argument("unknown optimizer '" + s.name +
+                              "' (choose sgd, adagrad, rmsprop, adam, adamw, shampoo, adafactor, came, lamb or galore)");
 }
 
 }  // namespace fmnist

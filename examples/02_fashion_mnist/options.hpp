@@ -13,7 +13,7 @@ namespace fmnist {
 
 /// One optimizer's settings. Names follow PyTorch / DistributedShampoo.
 struct OptimizerSettings {
-  std::string name = "adamw";  ///< sgd, adagrad, rmsprop, adam, adamw, shampoo
+  std::string name = "adamw";  ///< sgd, adagrad, rmsprop, adam, adamw, shampoo, adafactor, came, lamb, galore
   double lr = 1e-3;
   std::array<double, 2> betas = {0.9, 0.999};
   double eps = 1e-8;
@@ -33,6 +33,11 @@ struct OptimizerSettings {
   /// Packed factors halve their memory but are unpacked for every BLAS call; the trainer's
   /// factors are small, so it stores them full by default.
   bool use_symmetric_packing = false;
+  // GaLore-AdamW (projected weight matrices; biases get plain AdamW)
+  std::int64_t galore_rank = 64;
+  std::int64_t galore_update_proj_gap = 200;
+  double galore_scale = 0.25;
+  bool galore_8bit = false;
 
   /// A one-line description for logs and tables.
   [[nodiscard]] std::string describe() const;

@@ -31,7 +31,12 @@
 #include <lather/optimizers/adagrad.hpp>
 #include <lather/optimizers/rmsprop.hpp>
 #include <lather/optimizers/adam.hpp>
+#include <lather/optimizers/lamb.hpp>
+#include <lather/optimizers/galore.hpp>
+#include <lather/optimizers/adafactor.hpp>
+#include <lather/optimizers/came.hpp>
 #include <lather/layout/blocking.hpp>
+#include <lather/layout/sharding.hpp>
 #include <lather/grafting/grafting.hpp>
 #include <lather/root_inverse/root_inverse.hpp>
 #include <lather/root_inverse/eigen_root_inverse.hpp>

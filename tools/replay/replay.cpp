@@ -11,11 +11,65 @@
 
 #include <CLI/CLI.hpp>
 
+#ifdef LATHER_REPLAY_WITH_MPI
+#include <mpi.h>
+#endif
+
 namespace {
 
 using namespace replay;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+constexpr bool is_sharded_optimizer(const std::string& name) {
+  return name == "adafactor" || name == "came" || name == "lamb" || name == "galore_adamw";
+}
+
+// MPI for the lifetime of main() when the command asks for a distributed run.
+class MpiSession {
+ public:
+  MpiSession(int& argc, char**& argv, bool wanted) {
+#ifdef LATHER_REPLAY_WITH_MPI
+    if (wanted) {
+      MPI_Init(&argc, &argv);
+      MPI_Comm_rank(MPI_COMM_WORLD, &m_rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &m_size);
+      m_active = true;
+    }
+#else
+    static_cast<void>(argc);
+    static_cast<void>(argv);
+    static_cast<void>(wanted);
+#endif
+  }
+  ~MpiSession() {
+#ifdef LATHER_REPLAY_WITH_MPI
+    if (m_active) MPI_Finalize();
+#endif
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  [[nodiscard]] int rank() const { return m_rank; }
+  [[nodiscard]] int size() const { return m_size; }
+  /// Every rank leaves with rank 0's exit code.
+  int agree(int code) const {
+#ifdef LATHER_REPLAY_WITH_MPI
+    if (m_active) MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+#endif
+    return code;
+  }
+  /// An error on one rank would leave the others waiting in a collective.
+  [[noreturn]] void abort(int code) const {
+#ifdef LATHER_REPLAY_WITH_MPI
+    if (m_active) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    std::exit(code);
+  }
+
+ private:
+  int m_rank = 0, m_size = 1;
+  bool m_active = false;
+};
 
 template <class T, class ExecSpace>
 Result run_case(const Case& c) {
@@ -75,9 +129,17 @@ int main(int argc, char** argv) {
                                            "(default: CASE_DIR/out/<variant> when it exists)");
   app.add_option("--rtol", rtol, "fail (exit 1) when the largest relative difference exceeds this");
   app.add_option("--exec-space", space, "default, serial or openmp (those enabled in Kokkos)");
+  ShardFlags shard;
+  auto* dist = app.add_option_group("distributed", "Under mpiexec: split Adafactor / CAME / LAMB / GaLore parameters");
+  dist->add_option("--tp", shard.tp, "tensor-parallel group size (consecutive ranks)")->check(CLI::PositiveNumber);
+  dist->add_option("--tp-dim", shard.tp_dim, "split dimension: row (dim 0) or col (last dim)")
+      ->check(CLI::IsMember({"row", "col"}));
+  dist->add_flag("--zero", shard.zero, "ZeRO: cut each (TP-local) parameter into padded chunks over the other ranks");
   CLI11_PARSE(app, argc, argv);
 
+  const MpiSession mpi(argc, argv, shard.distributed());
   Kokkos::ScopeGuard guard(argc, argv);
+  const int code = [&]() -> int {
   try {
     const Case c = read_case(case_dir);
     if (variant.empty()) variant = c.variants.front();
@@ -85,11 +147,21 @@ int main(int argc, char** argv) {
       fail("--variant must be float64_fp64scalars, float64 or float32, got '" + variant + "'");
     const bool single = variant == "float32";
     Result r;
+    const OptimizerConfig cfg = parse_optimizer(c.optimizer);
+    if (shard.distributed() && !is_sharded_optimizer(cfg.name))
+      fail("--tp / --zero apply to adafactor, came, lamb and galore_adamw, not '" + cfg.name + "'");
     auto dispatch = [&](auto exec) {
       using E = decltype(exec);
       r = single ? run_case<float, E>(c) : run_case<double, E>(c);
     };
-    if (space == "default") dispatch(Kokkos::DefaultExecutionSpace());
+    if (is_sharded_optimizer(cfg.name)) {
+      // on_space() takes Kokkos' names (ExecSpace::name()).
+      const std::string kokkos_name = space == "default"  ? Kokkos::DefaultExecutionSpace::name()
+                                      : space == "serial" ? "Serial"
+                                      : space == "openmp" ? "OpenMP"
+                                                          : space;
+      r = run_sharded(c, cfg, single, kokkos_name, shard);
+    } else if (space == "default") dispatch(Kokkos::DefaultExecutionSpace());
 #ifdef KOKKOS_ENABLE_SERIAL
     else if (space == "serial") dispatch(Kokkos::Serial());
 #endif
@@ -98,6 +170,7 @@ int main(int argc, char** argv) {
 #endif
     else fail("--exec-space '" + space + "' is not enabled in this Kokkos build");
 
+    if (mpi.rank() != 0) return 0;  // every rank holds the whole trajectories; rank 0 reports
     if (!out_dir.empty()) {
       fs::create_directories(out_dir);
       for (std::size_t i = 0; i < r.trajectories.size(); ++i)
@@ -128,6 +201,9 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lather-replay: %s\n", e.what());
+    if (mpi.size() > 1) mpi.abort(2);
     return 2;
   }
+  }();
+  return mpi.agree(code);
 }

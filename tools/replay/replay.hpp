@@ -6,6 +6,10 @@
 #define LATHER_TOOLS_REPLAY_REPLAY_HPP
 
 #include <lather/lather.hpp>
+#include <lather/optimizers/adafactor.hpp>
+#include <lather/optimizers/came.hpp>
+#include <lather/optimizers/galore.hpp>
+#include <lather/optimizers/lamb.hpp>
 #include <lather/optimizers/shampoo.hpp>
 #include <lather/root_inverse/root_inverse.hpp>
 
@@ -478,6 +482,10 @@ struct OptimizerConfig {
   lather::AdamOptions adam;
   lather::AdamWOptions adamw;
   lather::ShampooOptions shampoo;
+  lather::AdafactorOptions adafactor;
+  lather::CAMEOptions came;
+  lather::GaLoreOptions galore;
+  lather::LambOptions lamb;
   json grafting, root_inv, preconditioner;
   std::string preconditioner_type;
 };
@@ -519,6 +527,74 @@ inline OptimizerConfig parse_optimizer(const json& o) {
       cfg.adamw = {.lr = number(o, "lr", 1e-3), .betas = betas, .eps = number(o, "eps", 1e-8),
                    .weight_decay = number(o, "weight_decay", 1e-2), .amsgrad = flag(o, "amsgrad", false),
                    .maximize = flag(o, "maximize", false)};
+    } else if (cfg.name == "adafactor") {
+      // HuggingFace's names; null lr / beta1 are HF's None.
+      require_all({"lr", "eps", "clip_threshold", "decay_rate", "beta1", "weight_decay", "scale_parameter",
+                   "relative_step", "warmup_init"});
+      auto& a = cfg.adafactor;
+      a.lr = o.contains("lr") && !o.at("lr").is_null() ? number(o, "lr", 0) : 0.0;
+      a.eps = pair(o, "eps", a.eps);
+      a.clip_threshold = number(o, "clip_threshold", a.clip_threshold);
+      a.decay_rate = number(o, "decay_rate", a.decay_rate);
+      a.beta1 = o.contains("beta1") && !o.at("beta1").is_null() ? number(o, "beta1", 0) : 0.0;
+      a.weight_decay = number(o, "weight_decay", a.weight_decay);
+      a.scale_parameter = flag(o, "scale_parameter", a.scale_parameter);
+      a.relative_step = flag(o, "relative_step", a.relative_step);
+      a.warmup_init = flag(o, "warmup_init", a.warmup_init);
+    } else if (cfg.name == "came") {
+      require_all({"lr", "eps", "clip_threshold", "betas", "weight_decay"});
+      auto& a = cfg.came;
+      a.lr = number(o, "lr", a.lr);
+      a.eps = pair(o, "eps", a.eps);
+      a.clip_threshold = number(o, "clip_threshold", a.clip_threshold);
+      if (o.contains("betas")) {
+        const auto& v = o.at("betas");
+        if (!v.is_array() || v.size() != 3 || !v[0].is_number() || !v[1].is_number() || !v[2].is_number())
+          fail("optimizer: 'betas' must be a list of three numbers for came");
+        a.betas = {v[0].get<double>(), v[1].get<double>(), v[2].get<double>()};
+      }
+      a.weight_decay = number(o, "weight_decay", a.weight_decay);
+    } else if (cfg.name == "lamb") {
+      require_all({"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "grad_averaging",
+                   "max_grad_norm", "use_nvlamb", "formula"});
+      auto& a = cfg.lamb;
+      a.lr = number(o, "lr", a.lr);
+      a.betas = pair(o, "betas", a.betas);
+      a.eps = number(o, "eps", a.eps);
+      a.weight_decay = number(o, "weight_decay", a.weight_decay);
+      a.bias_correction = flag(o, "bias_correction", a.bias_correction);
+      a.adam_w_mode = flag(o, "adam_w_mode", a.adam_w_mode);
+      a.grad_averaging = flag(o, "grad_averaging", a.grad_averaging);
+      a.max_grad_norm = number(o, "max_grad_norm", a.max_grad_norm);
+      a.use_nvlamb = flag(o, "use_nvlamb", a.use_nvlamb);
+      const std::string formula = o.contains("formula") && o.at("formula").is_string() ? o.at("formula").get<std::string>()
+                                  : o.contains("formula") ? std::string("?") : std::string("apex");
+      if (formula == "apex") a.formula = lather::LambFormula::apex;
+      else if (formula == "colossalai") a.formula = lather::LambFormula::colossalai;
+      else fail("optimizer: 'formula' must be \"apex\" or \"colossalai\"");
+    } else if (cfg.name == "galore_adamw") {
+      require_all({"lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
+                   "proj_type", "quantize_states", "block_size", "min_8bit_size"});
+      auto& a = cfg.galore;
+      a.lr = number(o, "lr", a.lr);
+      a.betas = pair(o, "betas", a.betas);
+      a.eps = number(o, "eps", a.eps);
+      a.weight_decay = number(o, "weight_decay", a.weight_decay);
+      a.correct_bias = flag(o, "correct_bias", a.correct_bias);
+      a.rank = whole(o, "rank", static_cast<int>(a.rank));
+      a.update_proj_gap = whole(o, "update_proj_gap", static_cast<int>(a.update_proj_gap));
+      a.scale = number(o, "scale", a.scale);
+      const std::string proj = o.contains("proj_type") && o.at("proj_type").is_string()
+                                   ? o.at("proj_type").get<std::string>()
+                                   : o.contains("proj_type") ? std::string("?") : std::string("std");
+      if (proj == "std") a.proj_type = lather::GaLoreProjection::standard;
+      else if (proj == "reverse_std") a.proj_type = lather::GaLoreProjection::reverse_standard;
+      else if (proj == "left") a.proj_type = lather::GaLoreProjection::left;
+      else if (proj == "right") a.proj_type = lather::GaLoreProjection::right;
+      else fail("optimizer: 'proj_type' must be \"std\", \"reverse_std\", \"left\" or \"right\"");
+      a.quantize_states = flag(o, "quantize_states", a.quantize_states);
+      a.block_size = whole(o, "block_size", static_cast<int>(a.block_size));
+      a.min_8bit_size = whole(o, "min_8bit_size", static_cast<int>(a.min_8bit_size));
     } else if (cfg.name == "shampoo") {
       cfg.shampoo = shampoo_options(o);
       cfg.grafting = o.value("grafting", json{{"type", "none"}});
@@ -535,7 +611,8 @@ inline OptimizerConfig parse_optimizer(const json& o) {
       for (const json* sub : {&cfg.grafting, &cfg.root_inv})
         if (sub->contains("type") && !sub->at("type").is_string()) fail("optimizer: 'type' must be a string");
     } else {
-      fail("optimizer: unknown name '" + cfg.name + "' (shampoo, sgd, adagrad, rmsprop, adam, adamw)");
+      fail("optimizer: unknown name '" + cfg.name +
+           "' (shampoo, sgd, adagrad, rmsprop, adam, adamw, adafactor, came, lamb, galore_adamw)");
     }
   } catch (const json::exception& e) {
     fail(std::string("optimizer: ") + e.what());
@@ -646,6 +723,21 @@ Result on_space(const std::string& name, F&& f) {
 #endif
   fail("execution space '" + name + "' is not enabled");
 }
+
+/// How lather-replay splits the parameters of the distributed optimizers (Adafactor, CAME, LAMB,
+/// GaLore) under mpiexec: a TP group of `tp` consecutive ranks splits every parameter along
+/// `tp_dim` ("row": dim 0, "col": the last dim) where it divides evenly; `zero` cuts each
+/// (TP-local) parameter into ZeRO chunks over the remaining ranks.
+struct ShardFlags {
+  int tp = 1;
+  std::string tp_dim = "row";
+  bool zero = false;
+  [[nodiscard]] bool distributed() const { return tp > 1 || zero; }
+};
+/// Adafactor, CAME, LAMB and GaLore-AdamW (in their own translation unit), single-process or, with
+/// `flags.distributed()`, on MPI_COMM_WORLD; every rank returns the whole trajectories.
+Result run_sharded(const Case& c, const OptimizerConfig& cfg, bool single, const std::string& space,
+                   const ShardFlags& flags);
 
 /// The Shampoo family (optimizer.preconditioner other than root_inv), in their own translation units.
 Result run_eigen_family(const Case& c, const lather::ShampooOptions& s, const json& pre, const json& graft,

@@ -12,6 +12,7 @@
 #include <lather/impl/gradients.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/option_check.hpp>
+#include <lather/impl/options_io.hpp>
 #include <lather/io/state_dict.hpp>
 #include <lather/optimizers/param_group.hpp>
 
@@ -39,11 +40,6 @@ struct DiagonalParamState {
   std::array<bool, NumFields> present{};
 };
 
-/// Visits an Options struct's fields as (name, double|bool|std::array<double, N>) for state dicts.
-template <class Options, class F>
-void visit_options(Options& o, F&& f) {
-  Options::visit_fields(o, f);
-}
 
 template <class Param, class ExecSpace, class Algorithm>
 class DiagonalOptimizer {
@@ -262,10 +258,7 @@ class DiagonalOptimizer {
       const std::string key = "param_groups." + std::to_string(g) + ".";
       d.tensors[key + "num_params"] = StateTensor{
           {}, std::vector<std::int64_t>{static_cast<std::int64_t>(m_group_begin[g + 1] - m_group_begin[g])}};
-      options_type o = m_group_options[g];
-      visit_options(o, [&](const char* name, auto& v) {
-        d.tensors[key + name] = option_to_tensor(v);
-      });
+      options_io::write(d, key, m_group_options[g]);
     }
     return d;
   }
@@ -284,41 +277,24 @@ class DiagonalOptimizer {
       const std::string key = "param_groups." + std::to_string(g) + ".";
       const StateTensor& np = entry(d, key + "num_params");
       const std::int64_t want = static_cast<std::int64_t>(m_group_begin[g + 1] - m_group_begin[g]);
-      LATHER_THROW_IF(!holds_scalar<std::int64_t>(np) ||
+      LATHER_THROW_IF(!options_io::holds_scalar<std::int64_t>(np) ||
                           std::get<std::vector<std::int64_t>>(np.values)[0] != want,
                       "lather::", Algorithm::name, "::load_state_dict: parameter group ", g,
                       " has a different number of parameters in the dictionary (expected ", want,
                       ")");
       ++expected_entries;
-      visit_options(new_options[g], [&](const char* name, auto& v) {
-        option_from_tensor(entry(d, key + name), key + name, v);
-        ++expected_entries;
-      });
-      Algorithm::validate(new_options[g], OptionCheck(Algorithm::name, concat(
-          "load_state_dict: parameter group ", g)));
       // Only the learning rate (a scheduler's) is restored; a dictionary saved with other
       // options is refused, never loaded silently.
-      options_type saved = new_options[g];
-      saved.lr = m_group_options[g].lr;
-      options_type current = m_group_options[g];
-      visit_options(current, [&](const char* name, auto& v) {
-        visit_options(saved, [&](const char* other, auto& w) {
-          if constexpr (std::is_same_v<decltype(v), decltype(w)>) {
-            if (std::string_view(name) == other && !(v == w))
-              throw_error<invalid_argument>(
-                  std::source_location::current(), "lather::", Algorithm::name,
-                  "::load_state_dict: the dictionary was saved with option '", name, "' = ", option_string(w),
-                  " in parameter group ", g, ", this optimizer has ", option_string(v),
-                  "; construct it with the checkpoint's options (only 'lr' is restored) and change options after "
-                  "loading; nothing was changed");
-          }
-        });
-      });
+      new_options[g] = options_io::read_checked(
+          [&](const std::string& name) -> const StateTensor& { return entry(d, name); }, key, m_group_options[g],
+          Algorithm::name, g, expected_entries);
+      Algorithm::validate(new_options[g], OptionCheck(Algorithm::name, concat(
+          "load_state_dict: parameter group ", g)));
     }
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       const std::string key = "state." + std::to_string(i) + ".";
       const StateTensor& st = entry(d, key + "step");
-      LATHER_THROW_IF(!holds_scalar<std::int64_t>(st) ||
+      LATHER_THROW_IF(!options_io::holds_scalar<std::int64_t>(st) ||
                           std::get<std::vector<std::int64_t>>(st.values)[0] < 0,
                       "lather::", Algorithm::name, "::load_state_dict: '", key,
                       "step' must be a non-negative int64 scalar");
@@ -434,56 +410,12 @@ class DiagonalOptimizer {
     }
     for (std::size_t g = 0; g < num_groups(); ++g) {
       const std::string key = "param_groups." + std::to_string(g) + ".";
-      bool found = name == key + "num_params";
-      options_type o{};
-      visit_options(o, [&](const char* n, auto&) { found = found || name == key + n; });
-      if (found) return true;
+      if (name == key + "num_params") return true;
+      if (name.starts_with(key) && options_io::is_option<options_type>(std::string_view(name).substr(key.size())))
+        return true;
     }
     return false;
   }
-  template <class S>
-  static bool holds_scalar(const StateTensor& t) {
-    return t.shape.empty() && std::holds_alternative<std::vector<S>>(t.values) &&
-           std::get<std::vector<S>>(t.values).size() == 1;
-  }
-  static std::string option_string(double v) { return concat(v); }
-  static std::string option_string(bool v) { return v ? "true" : "false"; }
-  template <std::size_t N>
-  static std::string option_string(const std::array<double, N>& v) {
-    std::string s = "(";
-    for (std::size_t k = 0; k < N; ++k) s += (k ? ", " : "") + concat(v[k]);
-    return s + ")";
-  }
-  static StateTensor option_to_tensor(double v) { return {{}, std::vector<double>{v}}; }
-  static StateTensor option_to_tensor(bool v) { return {{}, std::vector<double>{v ? 1.0 : 0.0}}; }
-  template <std::size_t N>
-  static StateTensor option_to_tensor(const std::array<double, N>& v) {
-    return {{static_cast<std::int64_t>(N)}, std::vector<double>(v.begin(), v.end())};
-  }
-  static void option_from_tensor(const StateTensor& t, const std::string& name, double& v) {
-    LATHER_THROW_IF(!holds_scalar<double>(t), "lather::", Algorithm::name, "::load_state_dict: '",
-                    name, "' must be a float64 scalar");
-    v = std::get<std::vector<double>>(t.values)[0];
-  }
-  static void option_from_tensor(const StateTensor& t, const std::string& name, bool& v) {
-    double x = 0;
-    option_from_tensor(t, name, x);
-    LATHER_THROW_IF(x != 0.0 && x != 1.0, "lather::", Algorithm::name, "::load_state_dict: '",
-                    name, "' is a flag and must be 0 or 1, got ", x);
-    v = x != 0.0;
-  }
-  template <std::size_t N>
-  static void option_from_tensor(const StateTensor& t, const std::string& name,
-                                 std::array<double, N>& v) {
-    LATHER_THROW_IF(t.shape != std::vector<std::int64_t>{static_cast<std::int64_t>(N)} ||
-                        !std::holds_alternative<std::vector<double>>(t.values) ||
-                        t.stored_size() != N,
-                    "lather::", Algorithm::name, "::load_state_dict: '", name,
-                    "' must be a float64 tensor of shape (", N, ",)");
-    const auto& x = std::get<std::vector<double>>(t.values);
-    for (std::size_t k = 0; k < N; ++k) v[k] = x[k];
-  }
-
   std::vector<tensor_type> m_params;
   std::vector<std::string> m_names;
   std::vector<std::size_t> m_group_of;

@@ -89,9 +89,18 @@ class GradientIntake {
   /// \brief Screens every present gradient for NaN/Inf values (see check_finite) and applies
   /// `policy`: raise throws; skip_parameter replaces each bad gradient in `g` by "no gradient";
   /// skip_step returns true (the caller changes nothing). Skips are counted.
+  /// `combine` (distributed optimizers) turns this rank's counts into the group's before the
+  /// policy is applied, so every rank takes the same decision.
   bool screen(const ExecSpace& space, std::vector<grad_ref>& g, const std::vector<param_ref>& params,
-              const std::function<std::string(std::size_t)>& describe, const char* hint, NonFinitePolicy policy) {
+              const std::function<std::string(std::size_t)>& describe, const char* hint, NonFinitePolicy policy,
+              const std::function<void(std::vector<std::int64_t>&)>& combine = {}) {
     count_nonfinite(space, g, params);
+    if (combine) {
+      std::vector<std::int64_t> counts(g.size());
+      for (std::size_t i = 0; i < g.size(); ++i) counts[i] = m_counts_host(i);
+      combine(counts);
+      for (std::size_t i = 0; i < g.size(); ++i) m_counts_host(i) = counts[i];
+    }
     bool any = false;
     for (std::size_t i = 0; i < g.size(); ++i) {
       if (m_counts_host(i) == 0) continue;

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cfenv>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -26,6 +28,14 @@ void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const 
 void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const int* lda, float* w,
              float* work, const int* lwork, int* iwork, const int* liwork, int* info, std::size_t jobz_len,
              std::size_t uplo_len);
+/// Singular value decomposition of a general matrix, divide and conquer.
+void dgesdd_(const char* jobz, const int* m, const int* n, double* a, const int* lda, double* s, double* u,
+             const int* ldu, double* vt, const int* ldvt, double* work, const int* lwork, int* iwork,
+             int* info, std::size_t jobz_len);
+/// Single-precision dgesdd_.
+void sgesdd_(const char* jobz, const int* m, const int* n, float* a, const int* lda, float* s, float* u,
+             const int* ldu, float* vt, const int* ldvt, float* work, const int* lwork, int* iwork, int* info,
+             std::size_t jobz_len);
 }
 
 namespace lather::impl::lapack {
@@ -59,6 +69,17 @@ void call_syevd(const lapack_int* n, T* a, T* w, T* work, const lapack_int* lwor
     dsyevd_(&jobz, &uplo, n, a, n, w, work, lwork, iwork, liwork, info, 1, 1);
   } else {
     ssyevd_(&jobz, &uplo, n, a, n, w, work, lwork, iwork, liwork, info, 1, 1);
+  }
+}
+
+template <class T>
+void call_gesdd(const lapack_int* m, const lapack_int* n, T* a, T* s, T* u, const lapack_int* ldvt, T* vt,
+                T* work, const lapack_int* lwork, lapack_int* iwork, lapack_int* info) {
+  const char jobz = 'S';
+  if constexpr (std::is_same_v<T, double>) {
+    dgesdd_(&jobz, m, n, a, m, s, u, m, vt, ldvt, work, lwork, iwork, info, 1);
+  } else {
+    sgesdd_(&jobz, m, n, a, m, s, u, m, vt, ldvt, work, lwork, iwork, info, 1);
   }
 }
 }  // namespace detail
@@ -96,6 +117,46 @@ lapack_int syevd(lapack_int n, T* a, T* w) {
   std::copy(a, a + nn, matrix.begin());
   detail::call_syevd<T>(&n, matrix.data(), w, work.data(), &lwork, iwork.data(), &liwork, &info);
   std::copy(matrix.begin(), matrix.begin() + static_cast<std::ptrdiff_t>(nn), a);
+  return info;
+}
+
+/// Thin SVD (jobz = 'S'), k = min(m, n): a (column-major, m x n) = u diag(s) vt with s (k)
+/// descending, u (column-major, m x k) and vt (column-major, k x n). `a` is left unchanged (LAPACK
+/// destroys a padded copy), but callers should treat it as scratch, like LAPACK's own. Returns
+/// LAPACK's `info` (0 on success; > 0: not converged; -4: a has a NaN entry; -12: the workspace
+/// would exceed a 32-bit LAPACK's range). Allocates its workspace. Runs in IEEE non-stop mode.
+template <class T>
+lapack_int gesdd(lapack_int m, lapack_int n, T* a, T* s, T* u, T* vt) {
+  static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>, "gesdd: float or double");
+  const lapack_int k = std::min(m, n);
+  if (k <= 0) return 0;
+  const NonStopFloatingPoint guard;
+  lapack_int info = 0;
+  std::vector<lapack_int> iwork(8 * static_cast<std::size_t>(k));
+  // Workspace query.
+  T work_size{};
+  const lapack_int query = -1;
+  detail::call_gesdd<T>(&m, &n, a, s, u, &k, vt, &work_size, &query, iwork.data(), &info);
+  if (info != 0) return info;
+  // Never less than the documented minimum for jobz = 'S' (LAPACK 3.7+: k(6 + 4k) + max(m, n);
+  // older: 3k + max(max(m, n), 4k^2 + 4k)), in case the float answer of the query rounded down.
+  const std::int64_t mn = k, mx = std::max(m, n);
+  const std::int64_t lwork_min =
+      std::max(mn * (6 + 4 * mn) + mx, 3 * mn + std::max(mx, 4 * mn * mn + 4 * mn));
+  const std::int64_t lwork_wide = std::max(static_cast<std::int64_t>(work_size), lwork_min);
+  if (lwork_wide > std::numeric_limits<lapack_int>::max()) return -12;
+  const auto lwork = static_cast<lapack_int>(lwork_wide);
+  std::vector<T> work(static_cast<std::size_t>(lwork));
+  // Work on copies with 64 bytes of slack, as syevd does: OpenBLAS' level-2 kernels can read a
+  // few bytes past a matrix's end (seen under AddressSanitizer in symv). O(mn), next to O(mnk).
+  const std::size_t slack = 64 / sizeof(T), um = static_cast<std::size_t>(m),
+                    un = static_cast<std::size_t>(n), uk = static_cast<std::size_t>(k);
+  std::vector<T> matrix(um * un + slack), left(um * uk + slack), right(uk * un + slack);
+  std::copy(a, a + um * un, matrix.begin());
+  detail::call_gesdd<T>(&m, &n, matrix.data(), s, left.data(), &k, right.data(), work.data(), &lwork,
+                        iwork.data(), &info);
+  std::copy(left.begin(), left.begin() + static_cast<std::ptrdiff_t>(um * uk), u);
+  std::copy(right.begin(), right.begin() + static_cast<std::ptrdiff_t>(uk * un), vt);
   return info;
 }
 
