@@ -12,15 +12,21 @@
 #ifndef LATHER_OPTIMIZERS_SHAMPOO_HPP
 #define LATHER_OPTIMIZERS_SHAMPOO_HPP
 
+#include <lather/comm/serial_communicator.hpp>
+#include <lather/concepts/communicator.hpp>
 #include <lather/concepts/execution.hpp>
 #include <lather/concepts/root_inverse.hpp>
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
+#include <lather/distributed/shampoo_distribution.hpp>
 #include <lather/grafting/grafting.hpp>
+#include <lather/impl/agreement.hpp>
 #include <lather/impl/gradients.hpp>
+#include <lather/impl/kernels/distributed.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
 #include <lather/impl/option_check.hpp>
+#include <lather/io/checkpoint.hpp>
 #include <lather/io/state_dict.hpp>
 #include <lather/layout/blocking.hpp>
 #include <lather/optimizers/nonfinite.hpp>
@@ -34,6 +40,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <optional>
 #include <ranges>
@@ -142,7 +149,8 @@ struct ShampooFactorState {
 template <class F, class Finv, class MemorySpace>
 struct ShampooBlockState {
   std::vector<std::int64_t> extent;
-  std::int64_t begin = 0;
+  std::int64_t begin = 0;  ///< in the parameter's (or piece's) state buffers, which hold this rank's blocks only
+  std::size_t id = 0;      ///< the block's index in the parameter's (or piece's) layout
   std::vector<ShampooFactorState<F, Finv, MemorySpace>> factors;
   int consecutive_failures = 0;
   std::int64_t failed_amortized_computations = 0;  ///< total, for monitoring
@@ -167,10 +175,13 @@ struct ShampooStepInfo {
 ///         Muon, SignDescent; docs/shampoo-family.md)
 /// \tparam Grafting NoGrafting, SGDGrafting, AdaGradGrafting, RMSpropGrafting or AdamGrafting
 /// \tparam Precision ShampooPrecision<factor type, inverse-factor type>
+/// \tparam Communicator the group the DDP / HSDP modes spread blocks over (SerialCommunicator:
+///         one process; MpiCommunicator; docs/distributed-shampoo.md)
 template <concepts::FloatingTensor Param,
           concepts::ExecutionSpaceFor<Param> ExecSpace = default_execution_space_t<Param>,
           concepts::ShampooPreconditioner Preconditioner = EigenRootInverse,
-          concepts::GraftingPolicy Grafting = NoGrafting, class Precision = ShampooPrecision<>>
+          concepts::GraftingPolicy Grafting = NoGrafting, class Precision = ShampooPrecision<>,
+          concepts::Communicator Communicator = SerialCommunicator>
 class Shampoo {
   using traits = impl::traits_of<Param>;
 
@@ -186,6 +197,7 @@ class Shampoo {
   using block_state_type = ShampooBlockState<factor_type, inverse_factor_type, memory_space>;
   using factor_state_type = ShampooFactorState<factor_type, inverse_factor_type, memory_space>;
   using vector_type = Kokkos::View<value_type*, memory_space>;
+  using communicator_type = Communicator;
 
   static_assert(!std::is_const_v<typename traits::element_type>,
                 "lather::Shampoo: parameters must be writable (got a tensor of const elements)");
@@ -202,11 +214,36 @@ class Shampoo {
 
   Shampoo(std::span<Param> params, ShampooOptions options = {}, Preconditioner preconditioner = {},
           Grafting grafting = {}, std::vector<std::string> names = {})
+    requires std::default_initializable<Communicator>
       : Shampoo(std::vector<group_type>{group_type{params, std::move(options), std::move(names)}},
                 std::move(preconditioner), std::move(grafting)) {}
 
   explicit Shampoo(std::vector<group_type> groups, Preconditioner preconditioner = {}, Grafting grafting = {})
-      : m_preconditioner(std::move(preconditioner)), m_grafting(std::move(grafting)) {
+    requires std::default_initializable<Communicator>
+      : Shampoo(std::move(groups), Communicator{}, ShampooDistributedOptions{}, std::move(preconditioner),
+                std::move(grafting)) {}
+
+  /// \brief Distributed Shampoo over `comm` (docs/distributed-shampoo.md): DDP (every rank has
+  /// the full, already averaged gradients; blocks are owned by ranks, one all-gather per step),
+  /// sharded (FSDP: each rank's parameters are flat ranges described by `distributed.shards`;
+  /// no communication) or HSDP (sharded, and DDP over `comm`, the replicas of a shard). Every
+  /// rank of `comm` must construct it with the same parameter shapes and options (checked: a
+  /// mismatch is an error on every rank, not a hang); step(), train(), eval() and
+  /// consolidated_state_dict() are then collective over `comm`.
+  /// (The communicator is a deduced argument so that `{}` for the policies stays unambiguous.)
+  template <class C>
+    requires std::same_as<std::remove_cvref_t<C>, Communicator>
+  Shampoo(std::span<Param> params, ShampooOptions options, C&& comm, ShampooDistributedOptions distributed,
+          Preconditioner preconditioner = {}, Grafting grafting = {}, std::vector<std::string> names = {})
+      : Shampoo(std::vector<group_type>{group_type{params, std::move(options), std::move(names)}}, std::forward<C>(comm),
+                std::move(distributed), std::move(preconditioner), std::move(grafting)) {}
+
+  template <class C>
+    requires std::same_as<std::remove_cvref_t<C>, Communicator>
+  Shampoo(std::vector<group_type> groups, C&& comm, ShampooDistributedOptions distributed,
+          Preconditioner preconditioner = {}, Grafting grafting = {})
+      : m_preconditioner(std::move(preconditioner)), m_grafting(std::move(grafting)), m_comm(std::forward<C>(comm)),
+        m_dist(std::move(distributed)) {
     LATHER_THROW_IF(groups.empty(), "lather::Shampoo: no parameter groups given; pass at least one parameter");
     for (std::size_t g = 0; g < groups.size(); ++g) {
       auto& o = groups[g].options;
@@ -223,27 +260,44 @@ class Shampoo {
                       "lather::Shampoo: parameter group ", g, " has ", groups[g].params.size(),
                       " parameters but ", groups[g].names.size(), " names");
     }
+    std::size_t total_params = 0;
+    for (const auto& grp : groups) total_params += grp.params.size();
+    validate_distribution(total_params);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       m_groups.push_back(GroupState{groups[g].options, 0});
       for (std::size_t k = 0; k < groups[g].params.size(); ++k) {
-        const std::size_t index = m_params.size();
-        ParamState p;
-        p.group = g;
-        p.name = groups[g].names.empty() ? std::string() : groups[g].names[k];
-        p.param = tensor_ref(groups[g].params[k]);
-        for (const auto& q : m_params)
-          LATHER_THROW_IF(p.param.size() > 0 && q.param.data() == p.param.data(), "lather::Shampoo: ",
-                          describe_name(index, p.name), " shares memory with another parameter");
-        m_params.push_back(std::move(p));
-        build_param_state(m_params.back());
+        const std::size_t index = m_users.size();
+        UserParam u;
+        u.group = g;
+        u.name = groups[g].names.empty() ? std::string() : groups[g].names[k];
+        u.param = tensor_ref(groups[g].params[k]);
+        for (const auto& q : m_users)
+          LATHER_THROW_IF(u.param.size() > 0 && q.param.data() == u.param.data(), "lather::Shampoo: ",
+                          describe_name(index, u.name), " shares memory with another parameter");
+        u.first = m_params.size();
+        add_pieces(index, u);
+        u.count = m_params.size() - u.first;
+        m_users.push_back(std::move(u));
       }
     }
+    if (exchanges()) {
+      check_agreement();
+      const int g = m_dist.num_trainers_per_group == -1 ? m_comm.size() : m_dist.num_trainers_per_group;
+      // Contiguous groups of g ranks each own every block (dist.new_subgroups(group_size=g)).
+      if (g < m_comm.size()) m_comm = m_comm.split(m_comm.rank() / g, m_comm.rank());
+      m_dist_rank = m_comm.rank();
+      m_dist_size = m_comm.size();
+    }
+    assign_blocks();
+    for (std::size_t i = 0; i < m_params.size(); ++i) build_param_state(i);
+    for (auto& u : m_users) allocate_element_state(u);
+    if (exchanges()) build_exchange();
     std::int64_t max_numel = 1;
     for (const auto& p : m_params) max_numel = std::max(max_numel, p.layout.numel());
     m_grad = vector_type("lather::Shampoo::blocked_grad", max_numel);
     m_work0 = vector_type("lather::Shampoo::work0", max_numel);
     m_work1 = vector_type("lather::Shampoo::work1", max_numel);
-    m_intake = impl::GradientIntake<value_type, memory_space, ExecSpace>("Shampoo", m_params.size());
+    m_intake = impl::GradientIntake<value_type, memory_space, ExecSpace>("Shampoo", m_users.size());
   }
 
   // ---- the step ------------------------------------------------------------------------------
@@ -265,16 +319,27 @@ class Shampoo {
     static_assert(
         Kokkos::SpaceAccessibility<ExecSpace, typename impl::traits_of<G>::memory_space>::accessible,
         "lather::Shampoo: the execution space cannot access the gradients' memory space");
-    std::vector<tensor_type> params(m_params.size());
-    for (std::size_t i = 0; i < m_params.size(); ++i) params[i] = m_params[i].param;
+    std::vector<tensor_type> params(m_users.size());
+    for (std::size_t i = 0; i < m_users.size(); ++i) params[i] = m_users[i].param;
     const auto describe_param = [this](std::size_t i) { return describe(i); };
-    auto g = m_intake.convert(grads, params, describe_param);
-    // Always checked: a NaN/Inf gradient would poison the factor matrices for good.
+    std::vector<TensorRef<const value_type, memory_space>> g;
+    try {
+      g = m_intake.convert(grads, params, describe_param);
+    } catch (...) {
+      Kokkos::Profiling::popRegion();
+      throw;
+    }
+    if (exchanges()) agree_on_presence(space, g);  // before anything else that could differ
+    // Always checked: a NaN/Inf gradient would poison the factor matrices for good. In DDP and
+    // HSDP the counts are summed over the group first, so every rank takes the same decision.
+    std::function<void(std::vector<std::int64_t>&)> combine;
+    if (exchanges()) combine = [&](std::vector<std::int64_t>& counts) { sum_over_group(space, counts); };
     if (m_intake.screen(space, g, params, describe_param, "Skip this batch, lower the learning rate or clip gradients",
-                        m_nonfinite_policy)) {
+                        m_nonfinite_policy, combine)) {
       Kokkos::Profiling::popRegion();
       return;  // NonFinitePolicy::skip_step: nothing changes, step counters included
     }
+    const auto pieces = piece_gradients(g);
 
     // Step counters advance for every group (as the reference does, with or without gradients);
     // so does Schedule-Free's sum of lr^p.
@@ -287,7 +352,7 @@ class Shampoo {
     }
     m_info = {};
     try {
-      run_step(space, g);
+      run_step(space, pieces);
     } catch (...) {
       for (std::size_t k = 0; k < m_groups.size(); ++k) {
         m_groups[k].step -= 1;
@@ -313,7 +378,7 @@ class Shampoo {
   [[nodiscard]] NonFinitePolicy nonfinite_policy() const noexcept { return m_nonfinite_policy; }
   /// Steps on which parameter i's gradient had NaN/Inf values and was skipped.
   [[nodiscard]] std::int64_t nonfinite_skips(std::size_t i) const {
-    (void)param_state(i);
+    (void)user(i);
     return m_intake.nonfinite_skips(i);
   }
   /// Whole steps skipped by NonFinitePolicy::skip_step.
@@ -322,7 +387,7 @@ class Shampoo {
   // ---- options and inspection --------------------------------------------------------------
 
   [[nodiscard]] std::size_t num_groups() const noexcept { return m_groups.size(); }
-  [[nodiscard]] std::size_t num_params() const noexcept { return m_params.size(); }
+  [[nodiscard]] std::size_t num_params() const noexcept { return m_users.size(); }
   [[nodiscard]] const ShampooOptions& options(std::size_t g = 0) const { return group(g).options; }
   [[nodiscard]] std::int64_t step_count(std::size_t g = 0) const { return group(g).step; }
   /// Sets the learning rate of every group (peak_lr is unchanged, as with torch schedulers).
@@ -344,13 +409,62 @@ class Shampoo {
     return inner();
   }
   [[nodiscard]] const Grafting& grafting() const noexcept { return m_grafting; }
-  /// The merged shape and blocks of parameter i.
-  [[nodiscard]] const BlockLayout& layout(std::size_t i) const { return param_state(i).layout; }
-  [[nodiscard]] std::size_t num_blocks(std::size_t i) const { return param_state(i).blocks.size(); }
+  /// The merged shape and blocks of parameter i (sharded modes: of its only piece; see
+  /// num_pieces()).
+  [[nodiscard]] const BlockLayout& layout(std::size_t i) const {
+    const auto& u = user(i);
+    LATHER_THROW_IF(u.count != 1, "lather::Shampoo::layout: ", describe(i), " is held as ", u.count,
+                    " pieces on this rank (sharded mode); use piece_layout(i, j)");
+    return m_params[u.first].layout;
+  }
+  /// Sharded modes: the whole tensors this rank's range of parameter i was cut into (1 otherwise).
+  [[nodiscard]] std::size_t num_pieces(std::size_t i) const { return user(i).count; }
+  [[nodiscard]] const BlockLayout& piece_layout(std::size_t i, std::size_t j) const {
+    const auto& u = user(i);
+    LATHER_THROW_IF(j >= u.count, "lather::Shampoo: ", describe(i), " has ", u.count, " pieces on this rank, no piece ", j);
+    return m_params[u.first + j].layout;
+  }
+  /// Blocks of parameter i (all of them, whichever rank owns them; sharded modes: of this rank's
+  /// pieces, numbered in order).
+  [[nodiscard]] std::size_t num_blocks(std::size_t i) const {
+    const auto& u = user(i);
+    std::size_t n = 0;
+    for (std::size_t j = 0; j < u.count; ++j) n += piece_blocks(u.first + j);
+    return n;
+  }
+  /// The rank of the DDP group (0 without one) that owns block b of parameter i and keeps its state.
+  [[nodiscard]] int block_owner(std::size_t i, std::size_t b) const {
+    const auto [piece, id] = locate(i, b);
+    return m_params[piece].owner[id];
+  }
+  [[nodiscard]] bool owns_block(std::size_t i, std::size_t b) const { return block_owner(i, b) == m_dist_rank; }
+  /// The state of block b of parameter i; only on its owner.
   [[nodiscard]] const block_state_type& block(std::size_t i, std::size_t b) const {
-    const auto& p = param_state(i);
-    LATHER_THROW_IF(b >= p.blocks.size(), "lather::Shampoo: ", describe(i), " has no block ", b);
-    return p.blocks[b];
+    const auto [piece, id] = locate(i, b);
+    const auto& p = m_params[piece];
+    LATHER_THROW_IF(p.local_of[id] < 0, "lather::Shampoo: block ", b, " of ", describe(i), " is owned by rank ",
+                    p.owner[id], " of the DDP group, not this rank (", m_dist_rank,
+                    "); inspect it there or use consolidated_state_dict()");
+    return p.blocks[static_cast<std::size_t>(p.local_of[id])];
+  }
+  /// The distributed options (mode single when not distributed).
+  [[nodiscard]] const ShampooDistributedOptions& distribution() const noexcept { return m_dist; }
+  /// This rank in the DDP group that shares the blocks, and the group's size (0 and 1 unless DDP/HSDP).
+  [[nodiscard]] int distribution_rank() const noexcept { return m_dist_rank; }
+  [[nodiscard]] int distribution_size() const noexcept { return m_dist_size; }
+  /// Bytes of optimizer state this rank holds (factors, inverse factors, eigenbases, per-element
+  /// state of its blocks; not the shared work buffers).
+  [[nodiscard]] std::size_t state_bytes() const {
+    std::size_t n = 0;
+    for (const auto& p : m_params)
+      for (const auto& blk : p.blocks)
+        for (const auto& f : blk.factors)
+          n += f.factor.span() * sizeof(factor_type) +
+               (f.inverse_factor.span() + f.eigenvectors.span() + f.eigenvalues.span()) * sizeof(inverse_factor_type);
+    for (const auto& u : m_users)
+      n += (u.filtered.span() + u.graft_state.span() + u.momentum.span() + u.corrected.span() + u.weight_buffer.span()) *
+           sizeof(value_type);
+    return n;
   }
   /// Factor matrix k of block b of parameter i as a full d x d matrix (a new view; unpacked when
   /// stored packed). Fences.
@@ -384,8 +498,9 @@ class Shampoo {
   /// Per-element state of parameter i in blocked order ("filtered_grad", "adagrad" (grafting),
   /// "momentum_buffer", "corrected_eigenvalues" (eigenvalue correction's D), "weight_buffer"
   /// (iterate averaging's Z)); empty when not used.
+  /// DDP: this rank's blocks only; sharded modes: this rank's pieces, one after the other.
   [[nodiscard]] vector_type state(std::size_t i, const std::string& name) const {
-    const auto& p = param_state(i);
+    const auto& p = user(i);
     if (name == "filtered_grad") return p.filtered;
     if (name == "adagrad") return p.graft_state;
     if (name == "momentum_buffer") return p.momentum;
@@ -431,7 +546,7 @@ class Shampoo {
       const auto& p = m_params[i];
       for (std::size_t b = 0; b < p.blocks.size(); ++b) {
         const auto& blk = p.blocks[b];
-        const std::string key = "state." + std::to_string(i) + ".block_" + std::to_string(b) + ".";
+        const std::string key = block_key(i, blk.id);
         d.tensors[key + "consecutive_failures"] =
             StateTensor{{}, std::vector<std::int64_t>{blk.consecutive_failures}};
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
@@ -444,7 +559,7 @@ class Shampoo {
           }
         }
         for (const char* name : element_state_names) {
-          const vector_type v = state(i, name);
+          const vector_type v = piece_state(i, name);
           if (v.data() == nullptr) continue;
           d.tensors[key + name] = slice_to_tensor(v, blk);
         }
@@ -453,9 +568,42 @@ class Shampoo {
     return d;
   }
 
+  /// \brief Every block's state gathered from its owner (collective over the DDP group): the
+  /// dictionary a single process would have, which loads on any number of ranks (and into a
+  /// Shampoo without distribution). Without DDP/HSDP it is state_dict().
+  [[nodiscard]] StateDict consolidated_state_dict() const {
+    StateDict local = state_dict();
+    if (!exchanges() || m_dist_size == 1) return local;
+    LATHER_THROW_IF(m_dist.mode == ShampooDistributionMode::hsdp, "lather::Shampoo::consolidated_state_dict: in HSDP "
+                    "mode the blocks of a rank's shard are spread over its replicas; gather them with state_dict() "
+                    "on every rank (a consolidated form needs the whole parameters)");
+    const std::vector<std::byte> mine = serialize_state_dict(local);
+    Kokkos::View<std::int64_t*, Kokkos::HostSpace> sizes("lather::Shampoo::consolidate_sizes", m_dist_size);
+    sizes(m_dist_rank) = static_cast<std::int64_t>(mine.size());
+    m_comm.all_reduce_sum(Kokkos::DefaultHostExecutionSpace(), sizes);
+    std::int64_t longest = 0;
+    for (int r = 0; r < m_dist_size; ++r) longest = std::max(longest, sizes(r));
+    Kokkos::View<std::uint8_t*, Kokkos::HostSpace> in("lather::Shampoo::consolidate_in", static_cast<std::size_t>(longest));
+    Kokkos::View<std::uint8_t*, Kokkos::HostSpace> out("lather::Shampoo::consolidate_out",
+                                                       static_cast<std::size_t>(longest) * static_cast<std::size_t>(m_dist_size));
+    std::memcpy(in.data(), mine.data(), mine.size());
+    m_comm.all_gather(Kokkos::DefaultHostExecutionSpace(), Kokkos::View<const std::uint8_t*, Kokkos::HostSpace>(in), out);
+    StateDict all;
+    all.format = local.format;
+    for (int r = 0; r < m_dist_size; ++r) {
+      const auto* bytes = reinterpret_cast<const std::byte*>(out.data()) + static_cast<std::size_t>(r * longest);
+      StateDict part = deserialize_state_dict(std::span<const std::byte>(bytes, static_cast<std::size_t>(sizes(r))),
+                                              "rank " + std::to_string(r) + " of the DDP group");
+      for (auto& [k, t] : part.tensors) all.tensors.insert_or_assign(k, std::move(t));
+    }
+    return all;
+  }
+
   /// \brief Restores a state_dict() of a Shampoo over the same parameter shapes, options and
   /// preconditioner. Every entry is checked first; on any error nothing changes. Fences. The
-  /// train/eval mode is not part of the state: the mode before the load stays.
+  /// train/eval mode is not part of the state: the mode before the load stays. In DDP mode the
+  /// dictionary may be this rank's own or a consolidated one (any rank count, or one process):
+  /// entries of blocks other ranks own are skipped.
   void load_state_dict(const StateDict& d) {
     LATHER_THROW_IF(d.format != state_format(), "lather::Shampoo::load_state_dict: the dictionary is a '", d.format,
                     "' state, expected '", state_format(), "' (saved with another preconditioner?)");
@@ -514,7 +662,7 @@ class Shampoo {
       const auto& p = m_params[i];
       for (std::size_t b = 0; b < p.blocks.size(); ++b) {
         const auto& blk = p.blocks[b];
-        const std::string key = "state." + std::to_string(i) + ".block_" + std::to_string(b) + ".";
+        const std::string key = block_key(i, blk.id);
         failures[i].push_back(static_cast<int>(scalar_int(key + "consecutive_failures")));
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
           if (!blk.factors[k].preconditioned) continue;
@@ -535,7 +683,7 @@ class Shampoo {
           }
         }
         for (const char* name : element_state_names) {
-          const vector_type v = state(i, name);
+          const vector_type v = piece_state(i, name);
           if (v.data() == nullptr) continue;
           const StateTensor& t = entry(key + name);
           LATHER_THROW_IF(!holds<value_type>(t) || t.shape != blk.extent ||
@@ -544,6 +692,18 @@ class Shampoo {
                           "' does not match the block's shape and the parameter dtype");
           pending.push_back({&t, i, b, 0, -1, name});
         }
+      }
+    }
+    // Entries of blocks that other ranks own (a consolidated dictionary) are theirs to check.
+    if (m_dist_size > 1) {
+      std::vector<std::string> others;
+      for (std::size_t i = 0; i < m_params.size(); ++i)
+        for (std::size_t b = 0; b < m_params[i].layout.blocks.size(); ++b)
+          if (m_params[i].local_of[b] < 0) others.push_back(block_key(i, b));
+      std::sort(others.begin(), others.end());
+      for (const auto& [name, t] : d.tensors) {
+        auto it = std::upper_bound(others.begin(), others.end(), name);
+        if (it != others.begin() && name.starts_with(*std::prev(it))) ++expected;
       }
     }
     LATHER_THROW_IF(expected != d.tensors.size(), "lather::Shampoo::load_state_dict: the dictionary has ",
@@ -557,13 +717,13 @@ class Shampoo {
         if (pe.which != 2) continue;
         const auto& f = m_params[pe.i].blocks[pe.b].factors[pe.k];
         const auto& q = std::get<std::vector<inverse_factor_type>>(pe.t->values);
-        const StateTensor& lt = d.tensors.at("state." + std::to_string(pe.i) + ".block_" + std::to_string(pe.b) + "." +
-                                             factor_entry_name(3) + std::to_string(pe.k));
+        const StateTensor& lt = d.tensors.at(block_key(pe.i, m_params[pe.i].blocks[pe.b].id) + factor_entry_name(3) +
+                                             std::to_string(pe.k));
         const auto& l = std::get<std::vector<inverse_factor_type>>(lt.values);
         std::vector<inverse_factor_type> x;
         LATHER_THROW_IF(!inverse_from_eigenpairs(q, l, f.dim, f.root, m_groups[m_params[pe.i].group].options.epsilon, x),
                         "lather::Shampoo::load_state_dict: the eigenpairs of factor ", pe.k, " of block ", pe.b, " of ",
-                        describe(pe.i), " give a non-finite inverse root; nothing was changed");
+                        describe_piece(pe.i), " give a non-finite inverse root; nothing was changed");
         rebuilt.push_back(std::move(x));
       }
     }
@@ -575,7 +735,7 @@ class Shampoo {
     for (const auto& pe : pending) {
       auto& blk = m_params[pe.i].blocks[pe.b];
       if (pe.element != nullptr) {
-        tensor_to_slice(*pe.t, state(pe.i, pe.element), blk);
+        tensor_to_slice(*pe.t, piece_state(pe.i, pe.element), blk);
         continue;
       }
       auto& f = blk.factors[pe.k];
@@ -593,14 +753,36 @@ class Shampoo {
     std::int64_t step = 0;
     double lr_sum = 0.0;  // Schedule-Free: sum of lr^p over the steps taken
   };
+  // A parameter as the user gave it; its state buffers (this rank's blocks, piece after piece).
+  struct UserParam {
+    tensor_type param;
+    std::string name;
+    std::size_t group = 0;
+    std::size_t first = 0, count = 0;  // its pieces in m_params (1 unless sharded)
+    vector_type filtered, graft_state, momentum, corrected, weight_buffer;
+  };
+  // What the step works on: a whole parameter, or (sharded modes) one piece of this rank's range
+  // of it, a whole row-major tensor inside the user's memory.
   struct ParamState {
     tensor_type param;
     std::string name;
     std::size_t group = 0;
+    std::size_t user = 0;
+    std::size_t piece = 0;          // its number among the user parameter's pieces
+    std::int64_t offset = 0;        // sharded: where the piece starts in the rank's flat range
+    std::size_t block_offset = 0;   // blocks of the user parameter's earlier pieces
     BlockLayout layout;
-    Kokkos::View<std::int64_t*, memory_space> block_begin;
+    std::vector<int> owner;         // per block of the layout: the DDP rank that owns it
+    std::vector<int> local_of;      // per block of the layout: its index in `blocks`, -1 elsewhere
+    std::int64_t local_numel = 0;   // elements of this rank's blocks
+    Kokkos::View<std::int64_t*, memory_space> block_begin;  // this rank's blocks, + end
+    Kokkos::View<std::int64_t*, memory_space> index_begin;  // per block of the layout: begin here or -1
     impl::kernels::BlockedIndex<memory_space> index;
-    std::vector<block_state_type> blocks;
+    // DDP / HSDP: where each block sits in this rank's send slice (-1: another rank's) and in the
+    // gathered buffer, in elements of the communication dtype.
+    Kokkos::View<std::int64_t*, memory_space> send_begin, recv_begin;
+    impl::kernels::BlockedIndex<memory_space> send_index, recv_index;
+    std::vector<block_state_type> blocks;  // this rank's blocks only
     vector_type filtered, graft_state, momentum;
     vector_type corrected;      // eigenvalue correction's D (blocked order)
     vector_type weight_buffer;  // iterate averaging's Z (blocked order)
@@ -692,44 +874,99 @@ class Shampoo {
     return exponent;
   }
 
-  void build_param_state(ParamState& p) {
+  // The pieces of user parameter `index` (the whole parameter unless sharded), with their layouts.
+  void add_pieces(std::size_t index, const UserParam& u) {
+    const auto& o = m_groups[u.group].options;
+    auto add = [&](tensor_type t, std::int64_t offset, std::size_t piece, std::size_t block_offset) {
+      ParamState p;
+      p.group = u.group;
+      p.user = index;
+      p.name = u.name;
+      p.piece = piece;
+      p.offset = offset;
+      p.block_offset = block_offset;
+      p.param = t;
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(t.rank()));
+      for (int k = 0; k < t.rank(); ++k) shape[static_cast<std::size_t>(k)] = t.extent(k);
+      p.layout = BlockLayout(shape, o.max_preconditioner_dim, o.target_parameter_dimensionality);
+      p.owner.assign(p.layout.blocks.size(), 0);
+      m_params.push_back(std::move(p));
+    };
+    if (!sharded()) {
+      add(u.param, 0, 0, 0);
+      return;
+    }
+    const ShampooShard& sh = m_dist.shards[index];
+    std::int64_t global = 1;
+    for (auto e : sh.global_shape) {
+      LATHER_THROW_IF(e < 0, "lather::Shampoo: shards[", index, "] of ", describe_name(index, u.name),
+                      " has a negative extent in its global_shape");
+      global *= e;
+    }
+    LATHER_THROW_IF(sh.start < 0 || sh.end < sh.start || sh.end > global, "lather::Shampoo: shards[", index, "] of ",
+                    describe_name(index, u.name), " has the range [", sh.start, ", ", sh.end,
+                    ") outside its global shape's ", global, " elements; pass this rank's flat range [start, end)");
+    LATHER_THROW_IF(u.param.size() != sh.end - sh.start, "lather::Shampoo: ", describe_name(index, u.name), " has ",
+                    u.param.size(), " elements but shards[", index, "] says this rank holds [", sh.start, ", ", sh.end,
+                    "), ", sh.end - sh.start, " elements; pass the rank's flat shard of the parameter");
+    LATHER_THROW_IF(u.param.size() > 0 && !u.param.is_row_major_contiguous(), "lather::Shampoo: ",
+                    describe_name(index, u.name), " must be contiguous in sharded mode (a flat range of the parameter)");
+    std::size_t piece = 0, blocks = 0;
+    for (const auto& pc : impl::recover_shard_pieces(sh.global_shape, sh.start, sh.end)) {
+      add(tensor_type(u.param.data() + pc.offset, std::span<const std::int64_t>(pc.shape)), pc.offset, piece++, blocks);
+      blocks += m_params.back().layout.blocks.size();
+    }
+  }
+
+  // DDP / HSDP: every block of every piece gets an owner by the reference's LPT rule over the
+  // global block order (parameters in order, blocks in order; one assignment for all groups).
+  void assign_blocks() {
+    if (!exchanges()) return;
+    const std::size_t bytes = communication_bytes(m_dist.communication_dtype, sizeof(value_type));
+    std::vector<double> costs;
+    for (const auto& p : m_params)
+      if (p.param.size() > 0)
+        for (const auto& b : p.layout.blocks) costs.push_back(impl::block_cost(m_dist.cost_model, b.extent, bytes));
+    const auto owner = impl::assign_blocks_lpt(costs, m_dist_size);
+    std::size_t next = 0;
+    for (auto& p : m_params)
+      if (p.param.size() > 0)
+        for (auto& o : p.owner) o = owner[next++];
+  }
+
+  void build_param_state(std::size_t idx) {
+    auto& p = m_params[idx];
     const auto& o = m_groups[p.group].options;
-    std::vector<std::int64_t> shape(static_cast<std::size_t>(p.param.rank()));
-    for (int k = 0; k < p.param.rank(); ++k) shape[k] = p.param.extent(k);
-    p.layout = BlockLayout(shape, o.max_preconditioner_dim, o.target_parameter_dimensionality);
+    const std::size_t nb = p.layout.blocks.size();
+    p.local_of.assign(nb, -1);
     if (p.param.size() == 0) return;  // zero-size parameters are skipped entirely
     const auto& merged = p.layout.merged_shape;
-    p.block_begin = Kokkos::View<std::int64_t*, memory_space>("lather::Shampoo::block_begin", p.layout.block_begin.size());
-    auto h = Kokkos::create_mirror_view(p.block_begin);
-    for (std::size_t b = 0; b < p.layout.block_begin.size(); ++b) h(b) = p.layout.block_begin[b];
-    Kokkos::deep_copy(p.block_begin, h);
+    // This rank's blocks, packed one after the other in its state buffers.
+    std::vector<std::int64_t> begins(nb, -1), local{0};
+    for (std::size_t b = 0; b < nb; ++b) {
+      if (p.owner[b] != m_dist_rank) continue;
+      p.local_of[b] = static_cast<int>(local.size() - 1);
+      begins[b] = local.back();
+      local.push_back(local.back() + p.layout.blocks[b].numel());
+    }
+    p.local_numel = local.back();
+    p.block_begin = to_device_view("lather::Shampoo::block_begin", local);
+    p.index_begin = to_device_view("lather::Shampoo::index_begin", begins);
     p.index.rank = static_cast<int>(merged.size());
     p.index.block_size = o.max_preconditioner_dim;
     for (std::size_t j = 0; j < merged.size(); ++j) {
       p.index.dims[j] = merged[j];
       p.index.grid[j] = o.max_preconditioner_dim == unbounded ? 1 : (merged[j] + o.max_preconditioner_dim - 1) / o.max_preconditioner_dim;
     }
-    p.index.block_begin = p.block_begin;
-    p.index.identity = p.layout.blocks.size() == 1;
-    const auto numel = static_cast<std::size_t>(p.layout.numel());
-    if (o.betas[0] != 0.0) p.filtered = vector_type("lather::Shampoo::filtered_grad", numel);
-    if (Grafting::has_state) p.graft_state = vector_type("lather::Shampoo::grafting_state", numel);
-    if (o.momentum != 0.0) p.momentum = vector_type("lather::Shampoo::momentum_buffer", numel);
-    if constexpr (kind == PreconditionerKind::eigenvalue_corrected)
-      p.corrected = vector_type("lather::Shampoo::corrected_eigenvalues", numel);
-    if (o.iterate_averaging != IterateAveraging::none) {
-      // Z starts at the parameters' values at construction.
-      p.weight_buffer = vector_type("lather::Shampoo::weight_buffer", numel);
-      for_each_blocked("lather::Shampoo::init_weight_buffer", ExecSpace(), p,
-                       impl::kernels::GatherParam<value_type, memory_space>{p.param, p.weight_buffer});
-    }
-    p.norms = Kokkos::View<double**, memory_space>("lather::Shampoo::block_norms", p.layout.blocks.size(), 2);
+    p.index.block_begin = p.index_begin;
+    p.index.identity = nb == 1 && p.local_of[0] == 0;
+    p.norms = Kokkos::View<double**, memory_space>("lather::Shampoo::block_norms", local.size() - 1, 2);
     const int order = static_cast<int>(merged.size());
     if constexpr (kind == PreconditionerKind::eigenvalue_corrected) p.corrected_exponent = inner().exponent(order);
     if constexpr (kind == PreconditionerKind::spectral_descent) {
       LATHER_THROW_IF(order != 2 && o.start_preconditioning_step != never,
                       "lather::Shampoo: spectral descent orthogonalizes matrices, but ",
-                      describe_name(m_params.size() - 1, p.name), " has ", order,
+                      describe_piece(idx), " has ", order,
                       "-D blocks; put it in a parameter group with start_preconditioning_step = lather::never "
                       "(it then takes the grafting method's or Gbar's direction, as the reference's Muon recipe)");
     }
@@ -737,9 +974,11 @@ class Shampoo {
                                  kind == PreconditionerKind::eigendecomposed ||
                                  kind == PreconditionerKind::eigenvalue_corrected;
     for (std::size_t b = 0; b < p.layout.blocks.size(); ++b) {
+      if (p.local_of[b] < 0) continue;  // another rank's block: no state here
       block_state_type blk;
       blk.extent = p.layout.blocks[b].extent;
-      blk.begin = p.layout.block_begin[b];
+      blk.begin = begins[b];
+      blk.id = b;
       p.backup.emplace_back();
       p.result.emplace_back();
       p.pending_q.emplace_back(static_cast<std::size_t>(order));
@@ -764,7 +1003,7 @@ class Shampoo {
           if constexpr (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed) {
             LATHER_THROW_IF(!inner().supports_root(f.root), "lather::Shampoo: the root-inverse strategy cannot compute the root ",
                             f.root, " needed by dimension ", k, " of the order-", order, " blocks of ",
-                            describe_name(m_params.size() - 1, p.name),
+                            describe_piece(idx),
                             "; choose an exponent it supports (coupled Newton needs 1/exponent to be an integer)");
           }
           f.dim = static_cast<std::int64_t>(dk);
@@ -806,36 +1045,283 @@ class Shampoo {
     ExecSpace().fence();
   }
 
+  // The per-element state of a user parameter (this rank's blocks of all its pieces), each
+  // piece's part a subview of it.
+  void allocate_element_state(UserParam& u) {
+    const auto& o = m_groups[u.group].options;
+    std::int64_t numel = 0;
+    for (std::size_t j = 0; j < u.count; ++j) numel += m_params[u.first + j].local_numel;
+    const auto n = static_cast<std::size_t>(numel);
+    if (o.betas[0] != 0.0) u.filtered = vector_type("lather::Shampoo::filtered_grad", n);
+    if (Grafting::has_state) u.graft_state = vector_type("lather::Shampoo::grafting_state", n);
+    if (o.momentum != 0.0) u.momentum = vector_type("lather::Shampoo::momentum_buffer", n);
+    if constexpr (kind == PreconditionerKind::eigenvalue_corrected)
+      u.corrected = vector_type("lather::Shampoo::corrected_eigenvalues", n);
+    if (o.iterate_averaging != IterateAveraging::none) u.weight_buffer = vector_type("lather::Shampoo::weight_buffer", n);
+    std::int64_t at = 0;
+    for (std::size_t j = 0; j < u.count; ++j) {
+      auto& p = m_params[u.first + j];
+      const auto range = std::make_pair(at, at + p.local_numel);
+      auto part = [&](const vector_type& v) { return v.data() == nullptr ? vector_type() : vector_type(v, range); };
+      p.filtered = part(u.filtered);
+      p.graft_state = part(u.graft_state);
+      p.momentum = part(u.momentum);
+      p.corrected = part(u.corrected);
+      p.weight_buffer = part(u.weight_buffer);
+      at += p.local_numel;
+      // Z starts at the parameters' values at construction.
+      if (p.weight_buffer.data() != nullptr && p.local_numel > 0)
+        for_each_blocked("lather::Shampoo::init_weight_buffer", ExecSpace(), p,
+                         impl::kernels::GatherParam<value_type, memory_space>{p.param, p.weight_buffer});
+    }
+    ExecSpace().fence();
+  }
+
+  // DDP / HSDP: the all-gather buffer (notes 6.1.4): rank r's slice holds its blocks in global
+  // block order, each padded to 64 bytes of the communication dtype; the slices are as long as
+  // the longest.
+  void build_exchange() {
+    const std::size_t bytes = communication_bytes(m_dist.communication_dtype, sizeof(value_type));
+    std::vector<std::int64_t> load(static_cast<std::size_t>(m_dist_size), 0);
+    std::vector<std::vector<std::int64_t>> at(m_params.size());
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const auto& p = m_params[i];
+      if (p.param.size() == 0) continue;
+      for (std::size_t b = 0; b < p.layout.blocks.size(); ++b) {
+        auto& l = load[static_cast<std::size_t>(p.owner[b])];
+        at[i].push_back(l);
+        l += impl::aligned_bytes(p.layout.blocks[b].numel(), bytes);
+      }
+    }
+    m_slice_bytes = std::max<std::int64_t>(64, *std::max_element(load.begin(), load.end()));
+    m_send = Kokkos::View<std::uint8_t*, memory_space>("lather::Shampoo::send", static_cast<std::size_t>(m_slice_bytes));
+    m_recv = Kokkos::View<std::uint8_t*, memory_space>("lather::Shampoo::recv",
+                                                       static_cast<std::size_t>(m_slice_bytes * m_dist_size));
+    const auto elem = static_cast<std::int64_t>(bytes);
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      auto& p = m_params[i];
+      if (p.param.size() == 0) continue;
+      std::vector<std::int64_t> send(p.layout.blocks.size()), recv(p.layout.blocks.size());
+      for (std::size_t b = 0; b < p.layout.blocks.size(); ++b) {
+        send[b] = p.owner[b] == m_dist_rank ? at[i][b] / elem : -1;
+        recv[b] = (p.owner[b] * m_slice_bytes + at[i][b]) / elem;
+      }
+      p.send_begin = to_device_view("lather::Shampoo::send_begin", send);
+      p.recv_begin = to_device_view("lather::Shampoo::recv_begin", recv);
+      p.send_index = p.index;
+      p.send_index.identity = false;
+      p.send_index.block_begin = p.send_begin;
+      p.recv_index = p.send_index;
+      p.recv_index.block_begin = p.recv_begin;
+    }
+  }
+
+  static Kokkos::View<std::int64_t*, memory_space> to_device_view(const char* label, const std::vector<std::int64_t>& v) {
+    Kokkos::View<std::int64_t*, memory_space> d(std::string(label), v.size());
+    Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(v.data(), v.size());
+    Kokkos::deep_copy(d, h);
+    return d;
+  }
+
+  // ---- distribution --------------------------------------------------------------------------
+
+  // Whether steps exchange blocks over the communicator (DDP and HSDP).
+  [[nodiscard]] bool exchanges() const noexcept {
+    return m_dist.mode == ShampooDistributionMode::ddp || m_dist.mode == ShampooDistributionMode::hsdp;
+  }
+  [[nodiscard]] bool sharded() const noexcept {
+    return m_dist.mode == ShampooDistributionMode::sharded || m_dist.mode == ShampooDistributionMode::hsdp;
+  }
+
+  void validate_distribution(std::size_t total_params) const {
+    const impl::OptionCheck c("Shampoo", "distributed options");
+    if (exchanges()) {
+      const int g = m_dist.num_trainers_per_group;
+      c.require(g == -1 || (g >= 1 && m_comm.size() % g == 0),
+                impl::concat("invalid option 'num_trainers_per_group' = ", g, " (must be -1, meaning all ", m_comm.size(),
+                             " ranks, or a divisor of the communicator's size)"));
+    }
+    if (const auto* a = std::get_if<AlignedMemoryCostModel>(&m_dist.cost_model))
+      c.require(a->alignment >= 1, impl::concat("invalid option 'cost_model.alignment' = ", a->alignment, " (must be >= 1)"));
+    if (sharded())
+      c.require(m_dist.shards.size() == total_params,
+                impl::concat("sharded and hsdp modes need one entry of 'shards' per parameter: got ", m_dist.shards.size(),
+                             " for ", total_params, " parameters"));
+    else
+      c.require(m_dist.shards.empty(), "option 'shards' is only for the sharded and hsdp modes");
+  }
+
+  // Every rank of the communicator must hold the same parameters (shapes, shard ranges), options
+  // and distributed options; a mismatch would hang the all-gather or diverge silently.
+  void check_agreement() {
+    std::vector<double> sig;
+    std::vector<std::string> what;
+    auto add = [&](double v, const std::string& name) {
+      sig.push_back(v);
+      what.push_back(name);
+    };
+    add(static_cast<double>(m_users.size()), "the number of parameters");
+    for (std::size_t i = 0; i < m_users.size(); ++i) {
+      const auto& u = m_users[i];
+      add(static_cast<double>(u.group), "the group of " + describe(i));
+      add(u.param.rank(), "the rank of " + describe(i));
+      for (int k = 0; k < u.param.rank(); ++k) add(static_cast<double>(u.param.extent(k)), "the shape of " + describe(i));
+      if (sharded()) {
+        const auto& sh = m_dist.shards[i];
+        add(static_cast<double>(sh.global_shape.size()), "the global shape of " + describe(i));
+        for (auto e : sh.global_shape) add(static_cast<double>(e), "the global shape of " + describe(i));
+        add(static_cast<double>(sh.start), "the shard range of " + describe(i) + " (in HSDP the replicas of a shard agree)");
+        add(static_cast<double>(sh.end), "the shard range of " + describe(i) + " (in HSDP the replicas of a shard agree)");
+      }
+    }
+    for (std::size_t g = 0; g < m_groups.size(); ++g) {
+      add(m_groups[g].options.lr, "option 'lr' of parameter group " + std::to_string(g));
+      for (const auto& [name, t] : recorded_options(m_groups[g].options))
+        std::visit([&](const auto& v) {
+          add(static_cast<double>(v.size()), "option '" + name + "' of parameter group " + std::to_string(g));
+          for (const auto& x : v) add(static_cast<double>(x), "option '" + name + "' of parameter group " + std::to_string(g));
+        }, t.values);
+    }
+    add(static_cast<double>(m_dist.mode), "the distribution mode");
+    add(static_cast<double>(m_dist.communication_dtype), "option 'communication_dtype'");
+    add(m_dist.num_trainers_per_group, "option 'num_trainers_per_group'");
+    add(m_dist.communicate_params ? 1.0 : 0.0, "option 'communicate_params'");
+    add(static_cast<double>(m_dist.cost_model.index()), "option 'cost_model'");
+    impl::check_ranks_agree(m_comm, sig, [&](std::size_t k) { return what[k]; }, "Shampoo");
+  }
+
+  // DDP / HSDP: a parameter must have a gradient on every rank or on none (else the ranks would
+  // compute different steps); checked with one small all-reduce, an error on every rank.
+  void agree_on_presence(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
+    std::vector<std::int64_t> has(m_users.size());
+    for (std::size_t i = 0; i < m_users.size(); ++i) has[i] = g[i].data() != nullptr ? 1 : 0;
+    const auto mine = has;
+    sum_over_group(space, has);
+    for (std::size_t i = 0; i < m_users.size(); ++i)
+      LATHER_THROW_IF(has[i] != 0 && has[i] != m_dist_size, "lather::Shampoo::step: ", describe(i), " has a gradient on ",
+                      has[i], " of the ", m_dist_size, " ranks of the DDP group (",
+                      mine[i] ? "this rank has one" : "not on this rank",
+                      "); pass a gradient on every rank or on none (an empty tensor); nothing was changed");
+  }
+  void sum_over_group(const ExecSpace& space, std::vector<std::int64_t>& v) const {
+    (void)space;
+    Kokkos::View<std::int64_t*, Kokkos::HostSpace> h("lather::Shampoo::group_sum", v.size());
+    for (std::size_t k = 0; k < v.size(); ++k) h(k) = v[k];
+    m_comm.all_reduce_sum(Kokkos::DefaultHostExecutionSpace(), h);
+    for (std::size_t k = 0; k < v.size(); ++k) v[k] = h(k);
+  }
+
+  // The gradients of the pieces (sharded modes: cut out of the user's flat gradients).
+  std::vector<TensorRef<const value_type, memory_space>> piece_gradients(
+      const std::vector<TensorRef<const value_type, memory_space>>& g) const {
+    if (!sharded()) return g;
+    std::vector<TensorRef<const value_type, memory_space>> out(m_params.size());
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const auto& p = m_params[i];
+      const auto& gu = g[p.user];
+      if (gu.data() == nullptr) continue;
+      LATHER_THROW_IF(!gu.is_row_major_contiguous(), "lather::Shampoo::step: the gradient of ", describe(p.user),
+                      " must be contiguous in sharded mode; nothing was changed");
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(p.param.rank()));
+      for (int k = 0; k < p.param.rank(); ++k) shape[static_cast<std::size_t>(k)] = p.param.extent(k);
+      out[i] = TensorRef<const value_type, memory_space>(gu.data() + p.offset, std::span<const std::int64_t>(shape));
+    }
+    return out;
+  }
+
+  // The updates (or updated parameters) of this rank's blocks of piece i into its send slice.
+  void pack(const ExecSpace& space, std::size_t i, const value_type* delta) {
+    auto& p = m_params[i];
+    with_comm_type([&](auto tag) {
+      using C = decltype(tag);
+      for_each_blocked("lather::Shampoo::pack", space, p,
+                       impl::kernels::PackComm<value_type, C, memory_space>{p.param, delta,
+                                                                           reinterpret_cast<C*>(m_send.data())},
+                       p.send_index);
+    });
+  }
+  // One all-gather, then every rank's blocks of the pieces `use(i)` selects into the parameters.
+  template <class Use>
+  void exchange(const ExecSpace& space, bool add, const Use& use) {
+    m_comm.all_gather(space, Kokkos::View<const std::uint8_t*, memory_space>(m_send), m_recv);
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!use(i)) continue;
+      auto& p = m_params[i];
+      with_comm_type([&](auto tag) {
+        using C = decltype(tag);
+        for_each_blocked("lather::Shampoo::unpack", space, p,
+                         impl::kernels::UnpackComm<value_type, C, memory_space>{
+                             p.param, reinterpret_cast<const C*>(m_recv.data()), add},
+                         p.recv_index);
+      });
+    }
+  }
+  template <class F>
+  void with_comm_type(F&& f) const {
+    switch (m_dist.communication_dtype) {
+      case CommunicationDtype::parameter: f(value_type{}); break;
+      case CommunicationDtype::float32: f(float{}); break;
+      case CommunicationDtype::bfloat16: f(impl::bf16_bits{}); break;
+      case CommunicationDtype::float16: f(impl::fp16_bits{}); break;
+    }
+  }
+
   // ---- the step, in phases -----------------------------------------------------------------
 
   void run_step(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
     bool any_amortized = false;
     for (std::size_t i = 0; i < m_params.size(); ++i)
-      any_amortized = any_amortized || (active(i, g) && is_amortized(m_params[i].group));
-    if (!any_amortized) {
+      any_amortized = any_amortized || (computes(i, g) && is_amortized(m_params[i].group));
+    // DDP: whether a step is amortized is the same on every rank (same groups and counters); a
+    // rank without amortized blocks still takes part in the failure agreement below.
+    bool amortized_here = any_amortized;
+    if (exchanges())
+      for (std::size_t i = 0; i < m_params.size(); ++i)
+        amortized_here = amortized_here || (active(i, g) && is_amortized(m_params[i].group));
+    if (!amortized_here) {
       // Nothing can fail after the checks: one pass per parameter.
       for (std::size_t i = 0; i < m_params.size(); ++i) {
-        if (!active(i, g)) continue;
+        if (!computes(i, g)) continue;
         gather(space, i, g[i]);
         update_factors(space, i, false, m_groups[m_params[i].group].options);
         direction_and_update(space, i);
       }
+      finish_exchange(space, g);
       return;
     }
     // Amortized step, in phases so that an error leaves everything as it was.
     // Phase A: factor statistics of every parameter, with the previous factors backed up.
     for (std::size_t i = 0; i < m_params.size(); ++i) {
-      if (!active(i, g)) continue;
+      if (!computes(i, g)) continue;
       gather(space, i, g[i]);
       update_factors(space, i, is_amortized(m_params[i].group), m_groups[m_params[i].group].options);
     }
-    // Phase B: root inverses into pending results; any error restores the factors and throws.
+    // Phase B: root inverses into pending results; any error restores the factors and throws
+    // (DDP: on every rank, so none waits in the all-gather).
     std::vector<std::vector<std::vector<RootInverseStatus>>> status(m_params.size());
+    std::exception_ptr error;
     try {
       compute_roots(space, g, status);
     } catch (...) {
+      error = std::current_exception();
+    }
+    if (exchanges()) {
+      std::vector<std::int64_t> failed(static_cast<std::size_t>(m_dist_size), 0);
+      failed[static_cast<std::size_t>(m_dist_rank)] = error ? 1 : 0;
+      sum_over_group(space, failed);
+      int first = -1;
+      for (int r = 0; r < m_dist_size && first < 0; ++r)
+        if (failed[static_cast<std::size_t>(r)] != 0) first = r;
+      if (first >= 0 && !error) {
+        restore_factors(space, g);
+        impl::throw_error<runtime_error>(std::source_location::current(), "lather::Shampoo::step: the root computations "
+                                         "failed on rank ", first, " of the DDP group (its error names the block); "
+                                         "nothing was changed on any rank");
+      }
+    }
+    if (error) {
       restore_factors(space, g);
-      throw;
+      std::rethrow_exception(error);
     }
     m_info.amortized = true;
     // Phase C: commit the root results (a failed computation keeps the previous inverse factor).
@@ -879,12 +1365,27 @@ class Shampoo {
     // Phase D: filtering, grafting, direction, update (the blocked gradient is gathered again:
     // the shared buffer holds the last parameter's).
     for (std::size_t i = 0; i < m_params.size(); ++i) {
-      if (!active(i, g)) continue;
+      if (!computes(i, g)) continue;
       gather(space, i, g[i]);
       direction_and_update(space, i);
     }
+    finish_exchange(space, g);
   }
 
+  // DDP / HSDP: the all-gather of this step's updates (skipped on every rank alike when no
+  // parameter had a gradient), then every rank's blocks into the parameters.
+  void finish_exchange(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
+    if (!exchanges()) return;
+    bool any = false;
+    for (std::size_t i = 0; i < m_params.size(); ++i) any = any || active(i, g);
+    if (!any) return;
+    exchange(space, !m_dist.communicate_params, [&](std::size_t i) { return active(i, g); });
+  }
+
+  // Whether piece i has a gradient, and whether this rank computes any of its blocks.
+  bool computes(std::size_t i, const std::vector<TensorRef<const value_type, memory_space>>& g) const {
+    return active(i, g) && m_params[i].local_numel > 0;
+  }
   bool active(std::size_t i, const std::vector<TensorRef<const value_type, memory_space>>& g) const {
     return g[i].data() != nullptr && m_params[i].param.size() > 0;
   }
@@ -908,16 +1409,23 @@ class Shampoo {
 
   /// Runs op.apply(flat, blocked) over every element of parameter p: flat for one block and 1-D
   /// tensors, one team per row of the last merged dimension otherwise.
+  /// `index` maps to this rank's state buffers by default (elements of other ranks' blocks are
+  /// skipped), or to the DDP send / gathered buffers.
   template <class Op>
   static void for_each_blocked(const char* label, const ExecSpace& space, const ParamState& p, const Op& op) {
+    for_each_blocked(label, space, p, op, p.index);
+  }
+  template <class Op>
+  static void for_each_blocked(const char* label, const ExecSpace& space, const ParamState& p, const Op& op,
+                               const impl::kernels::BlockedIndex<memory_space>& index) {
     const std::int64_t n = p.param.size();
     if (n == 0) return;
-    if (p.index.identity || p.index.rank <= 1) {
+    if (index.identity || index.rank <= 1) {
       Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
-                           impl::kernels::FlatBlocked<Op, memory_space>{op, p.index});
+                           impl::kernels::FlatBlocked<Op, memory_space>{op, index});
     } else {
-      Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(n / p.index.last()), Kokkos::AUTO),
-                           impl::kernels::RowwiseBlocked<Op, memory_space>{op, p.index});
+      Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(n / index.last()), Kokkos::AUTO),
+                           impl::kernels::RowwiseBlocked<Op, memory_space>{op, index});
     }
   }
 
@@ -1075,8 +1583,8 @@ class Shampoo {
                                       space, {0, 0}, {dk, dk}),
                                   impl::kernels::CountNonFiniteMatrix<factor_type, memory_space>{a}, bad);
           space.fence();
-          LATHER_THROW_RUNTIME_IF(bad != 0, "lather::Shampoo::step: the factor matrix ", k, " of block ", b, " of ",
-                                  describe(i), " has ", bad,
+          LATHER_THROW_RUNTIME_IF(bad != 0, "lather::Shampoo::step: the factor matrix ", k, " of block ", blk.id, " of ",
+                                  describe_piece(i), " has ", bad,
                                   " NaN or Inf entries; nothing was changed. Try a lower learning rate, a larger "
                                   "'start_preconditioning_step', a larger 'epsilon', or grafting");
           RootInverseStatus s = RootInverseStatus::failed;
@@ -1089,7 +1597,7 @@ class Shampoo {
                                                     : eigen_refresh<factor_type>(space, a, f, o.epsilon, p, b, k);
           }
           LATHER_THROW_RUNTIME_IF(s == RootInverseStatus::non_finite, "lather::Shampoo::step: the inverse root of factor matrix ",
-                                  k, " of block ", b, " of ", describe(i),
+                                  k, " of block ", blk.id, " of ", describe_piece(i),
                                   " has NaN or Inf entries; nothing was changed. Try a larger 'epsilon' or a lower "
                                   "learning rate");
           status[i][b][k] = s;
@@ -1097,7 +1605,7 @@ class Shampoo {
         }
         if (failures_here > 0)
           LATHER_THROW_RUNTIME_IF(blk.consecutive_failures + 1 > o.num_tolerated_failed_amortized_computations,
-                                  "lather::Shampoo::step: the root computations of block ", b, " of ", describe(i),
+                                  "lather::Shampoo::step: the root computations of block ", blk.id, " of ", describe_piece(i),
                                   " failed ", blk.consecutive_failures + 1,
                                   " times in a row, more than 'num_tolerated_failed_amortized_computations' = ",
                                   o.num_tolerated_failed_amortized_computations,
@@ -1189,7 +1697,7 @@ class Shampoo {
     const auto& grp = m_groups[p.group];
     const auto& o = grp.options;
     const std::int64_t t = grp.step;
-    const std::int64_t numel = p.layout.numel();
+    const std::int64_t numel = p.local_numel;
     using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
     const bool graft_now = uses_graft(p.group);
     m_info.grafted = m_info.grafted || graft_now;
@@ -1248,6 +1756,9 @@ class Shampoo {
                              impl::kernels::GraftScale<value_type, memory_space>{direction, p.block_begin, p.norms, nb});
       }
     }
+    // DDP: the update (decoupled decay folded in, notes 6.1.6) goes through the all-gather, or
+    // with communicate_params the owner updates its blocks and the parameters travel.
+    value_type* const delta_out = exchanges() && !m_dist.communicate_params ? m_work1.data() : nullptr;
     double decay = 0.0;
     if (o.weight_decay != 0.0) {
       switch (o.weight_decay_type) {
@@ -1265,13 +1776,14 @@ class Shampoo {
       for_each_blocked("lather::Shampoo::apply_averaged", space, p,
                        impl::kernels::ApplyAveragedUpdate<value_type, memory_space>{
                            p.param, direction, p.weight_buffer, value_type(1.0 - o.lr * decay), value_type(o.lr),
-                           value_type(1.0 - mu_x), value_type(1.0 - mu_x * mu_y), decay != 0.0});
-      return;
+                           value_type(1.0 - mu_x), value_type(1.0 - mu_x * mu_y), decay != 0.0, delta_out});
+    } else {
+      for_each_blocked("lather::Shampoo::apply", space, p,
+                       impl::kernels::ApplyUpdate<value_type, memory_space>{
+                           p.param, direction, p.momentum, value_type(decay), value_type(o.momentum),
+                           value_type(1.0 - o.dampening), value_type(o.lr), o.momentum != 0.0, o.use_nesterov, delta_out});
     }
-    for_each_blocked("lather::Shampoo::apply", space, p,
-                     impl::kernels::ApplyUpdate<value_type, memory_space>{
-                             p.param, direction, p.momentum, value_type(decay), value_type(o.momentum),
-                             value_type(1.0 - o.dampening), value_type(o.lr), o.momentum != 0.0, o.use_nesterov});
+    if (exchanges()) pack(space, i, delta_out);
   }
 
   // Root-inverse kinds: successive mode products of the block x with the inverse factors,
@@ -1317,7 +1829,7 @@ class Shampoo {
     using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
     const double beta2 = o.betas[1];
     const double weight = beta2 == 1.0 ? 1.0 : 1.0 - beta2;
-    Kokkos::parallel_for("lather::Shampoo::copy_grad", Range(space, 0, p.layout.numel()),
+    Kokkos::parallel_for("lather::Shampoo::copy_grad", Range(space, 0, p.local_numel),
                          impl::kernels::CopyBlock<value_type>{m_grad.data(), m_work1.data()});
     for (const auto& blk : p.blocks) {
       value_type* r = rotate_block(space, blk, m_work1.data() + blk.begin, m_work0.data() + blk.begin, false);
@@ -1436,9 +1948,49 @@ class Shampoo {
     LATHER_THROW_IF(g >= m_groups.size(), "lather::Shampoo: no parameter group ", g, " (there are ", m_groups.size(), ")");
     return m_groups[g];
   }
-  const ParamState& param_state(std::size_t i) const {
-    LATHER_THROW_IF(i >= m_params.size(), "lather::Shampoo: no parameter ", i, " (there are ", m_params.size(), ")");
-    return m_params[i];
+  const UserParam& user(std::size_t i) const {
+    LATHER_THROW_IF(i >= m_users.size(), "lather::Shampoo: no parameter ", i, " (there are ", m_users.size(), ")");
+    return m_users[i];
+  }
+  // Block b of user parameter i (numbered over its pieces): (piece, block of the piece's layout).
+  std::pair<std::size_t, std::size_t> locate(std::size_t i, std::size_t b) const {
+    const auto& u = user(i);
+    std::size_t rest = b;
+    for (std::size_t j = 0; j < u.count; ++j) {
+      const std::size_t n = piece_blocks(u.first + j);
+      if (rest < n) return {u.first + j, rest};
+      rest -= n;
+    }
+    impl::throw_error<invalid_argument>(std::source_location::current(), "lather::Shampoo: ", describe(i),
+                                        " has no block ", b, " (it has ", num_blocks(i), ")");
+  }
+  // The state-dict prefix of block b of piece i: "state.<param>.block_<b>." (the reference's
+  // names); sharded modes name the shard's range, so a checkpoint of another sharding is refused
+  // by name: "state.<param>.shard_<start>_<end>.block_<b>.".
+  std::string block_key(std::size_t i, std::size_t b) const {
+    const auto& p = m_params[i];
+    std::string key = "state." + std::to_string(p.user) + ".";
+    if (sharded())
+      key += "shard_" + std::to_string(m_dist.shards[p.user].start) + "_" + std::to_string(m_dist.shards[p.user].end) + ".";
+    return key + "block_" + std::to_string(p.block_offset + b) + ".";
+  }
+  vector_type piece_state(std::size_t i, const std::string& name) const {
+    const auto& p = m_params[i];
+    if (name == "filtered_grad") return p.filtered;
+    if (name == "adagrad") return p.graft_state;
+    if (name == "momentum_buffer") return p.momentum;
+    if (name == "corrected_eigenvalues") return p.corrected;
+    return p.weight_buffer;
+  }
+  // Blocks of piece i (none for a zero-size parameter, which is skipped entirely).
+  std::size_t piece_blocks(std::size_t i) const {
+    return m_params[i].param.size() == 0 ? 0 : m_params[i].layout.blocks.size();
+  }
+  std::string describe_piece(std::size_t i) const {
+    const auto& p = m_params[i];
+    std::string d = describe(p.user);
+    if (sharded()) d += " (piece " + std::to_string(p.piece) + " of this rank's range)";
+    return d;
   }
   const ShampooFactorState<factor_type, inverse_factor_type, memory_space>& factor_of(std::size_t i, std::size_t b,
                                                                                     std::size_t k) const {
@@ -1462,7 +2014,7 @@ class Shampoo {
   static std::string describe_name(std::size_t i, const std::string& name) {
     return "parameter " + std::to_string(i) + (name.empty() ? std::string() : " ('" + name + "')");
   }
-  std::string describe(std::size_t i) const { return describe_name(i, m_params[i].name); }
+  std::string describe(std::size_t i) const { return describe_name(i, m_users[i].name); }
   static std::int64_t numel_of(const std::vector<std::int64_t>& e) {
     std::int64_t n = 1;
     for (auto x : e) n *= x;
@@ -1574,18 +2126,32 @@ class Shampoo {
     }
     return f;
   }
+  // DDP / HSDP: the owners move their blocks and the moves travel through the all-gather, so
+  // train() and eval() are collective.
   void switch_mode(bool train) {
     if (m_train == train) return;
-    for (auto& p : m_params) {
+    const ExecSpace space;
+    auto averaged = [&](std::size_t i) {
+      const auto& p = m_params[i];
+      return m_groups[p.group].options.iterate_averaging != IterateAveraging::none && p.param.size() > 0;
+    };
+    bool any = false;
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!averaged(i)) continue;
+      any = true;
+      auto& p = m_params[i];
+      if (p.local_numel == 0) continue;
       const auto& o = m_groups[p.group].options;
-      if (o.iterate_averaging == IterateAveraging::none || p.param.size() == 0) continue;
       const double mu_y = o.train_interp_coeff;
       const double coefficient = train ? 1.0 - mu_y : 1.0 - 1.0 / mu_y;
-      for_each_blocked("lather::Shampoo::train_eval", ExecSpace(), p,
+      value_type* const delta_out = exchanges() && !m_dist.communicate_params ? m_work1.data() : nullptr;
+      for_each_blocked("lather::Shampoo::train_eval", space, p,
                        impl::kernels::Interpolate<value_type, memory_space>{p.param, p.weight_buffer,
-                                                                            value_type(coefficient)});
+                                                                            value_type(coefficient), delta_out});
+      if (exchanges()) pack(space, i, delta_out);
     }
-    ExecSpace().fence();
+    if (exchanges() && any) exchange(space, !m_dist.communicate_params, averaged);
+    space.fence();
     m_train = train;
   }
   const inner_type& inner() const noexcept {
@@ -1617,8 +2183,14 @@ class Shampoo {
   Preconditioner m_preconditioner;
   Grafting m_grafting;
   bool m_train = true;
+  Communicator m_comm;  // DDP / HSDP: the group sharing the blocks (after num_trainers_per_group)
+  ShampooDistributedOptions m_dist;
+  int m_dist_rank = 0, m_dist_size = 1;
+  std::int64_t m_slice_bytes = 0;
+  Kokkos::View<std::uint8_t*, memory_space> m_send, m_recv;  // the all-gather buffer
   std::vector<GroupState> m_groups;
-  std::vector<ParamState> m_params;
+  std::vector<UserParam> m_users;
+  std::vector<ParamState> m_params;  // pieces
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
   std::map<std::size_t, vector_type> m_gram, m_gram2;
   vector_type m_grad, m_work0, m_work1;

@@ -32,7 +32,8 @@ struct BlockedIndex {
     if (identity) return flat;
     if (rank == 1) {
       const std::int64_t c = flat / block_size;
-      return block_begin(c) + (flat - c * block_size);
+      const std::int64_t begin = block_begin(c);
+      return begin < 0 ? -1 : begin + (flat - c * block_size);
     }
     std::int64_t m[max_tensor_rank];
     for (int j = rank - 1; j >= 0; --j) {
@@ -47,7 +48,8 @@ struct BlockedIndex {
       block = block * grid[j] + c;
       local = local * ext + (m[j] - start);
     }
-    return block_begin(block) + local;
+    const std::int64_t begin = block_begin(block);
+    return begin < 0 ? -1 : begin + local;
   }
 
   /// The row-wise form used by the team kernels: a "row" runs over the last merged dimension.
@@ -79,7 +81,8 @@ struct BlockedIndex {
     const std::int64_t c = block_size >= d ? 0 : std::int64_t(std::uint32_t(col) / std::uint32_t(block_size));
     const std::int64_t start = c * block_size;
     const std::int64_t ext = (d - start < block_size) ? d - start : block_size;
-    return block_begin(b.block * grid[rank - 1] + c) + b.local * ext + (col - start);
+    const std::int64_t begin = block_begin(b.block * grid[rank - 1] + c);
+    return begin < 0 ? -1 : begin + b.local * ext + (col - start);
   }
 };
 
@@ -89,7 +92,10 @@ template <class Op, class MemorySpace>
 struct FlatBlocked {
   Op op;
   BlockedIndex<MemorySpace> index;
-  KOKKOS_FUNCTION void operator()(std::int64_t i) const { op.apply(i, index(i)); }
+  KOKKOS_FUNCTION void operator()(std::int64_t i) const {
+    const std::int64_t q = index(i);
+    if (q >= 0) op.apply(i, q);  // q < 0: a block another rank owns
+  }
 };
 
 /// The same with one team per row of the last merged dimension (coalesced on GPUs, one division
@@ -103,7 +109,10 @@ struct RowwiseBlocked {
     const std::int64_t row = team.league_rank(), last = index.last();
     const auto base = index.row_base(row);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, last),
-                         [&](std::int64_t col) { op.apply(row * last + col, index.in_row(base, col)); });
+                         [&](std::int64_t col) {
+                           const std::int64_t q = index.in_row(base, col);
+                           if (q >= 0) op.apply(row * last + col, q);
+                         });
   }
 };
 
@@ -396,6 +405,7 @@ struct ApplyUpdate {
   Kokkos::View<T*, MemorySpace> momentum_buffer;  // empty without momentum
   T decay, momentum, one_minus_dampening, lr;
   bool use_momentum, nesterov;
+  T* delta_out = nullptr;  // DDP: the update goes to delta_out[i] (all-gathered), W is not written
   KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
     T& w = param[i];
     T p = direction(q);
@@ -405,7 +415,10 @@ struct ApplyUpdate {
       momentum_buffer(q) = m;
       p = nesterov ? p * one_minus_dampening + momentum * m : m;
     }
-    w = w + (-lr) * p;
+    // The update is rounded to T before it is added, on one process as after an all-gather.
+    const T delta = (-lr) * p;
+    if (delta_out != nullptr) delta_out[i] = delta;
+    else w = w + delta;
   }
 };
 
@@ -419,6 +432,7 @@ struct ApplyAveragedUpdate {
   Kokkos::View<T*, MemorySpace> weight_buffer;
   T z_decay, lr, one_minus_mu_x, one_minus_mu_x_mu_y;
   bool decay;
+  T* delta_out = nullptr;  // DDP: as in ApplyUpdate
   KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
     T& w = param[i];
     T z = weight_buffer(q);
@@ -426,7 +440,8 @@ struct ApplyAveragedUpdate {
     const T p = (-lr) * direction(q);
     const T delta = one_minus_mu_x * (z - w) + one_minus_mu_x_mu_y * p;
     weight_buffer(q) = z + p;
-    w = w + delta;
+    if (delta_out != nullptr) delta_out[i] = delta;
+    else w = w + delta;
   }
 };
 
@@ -436,9 +451,12 @@ struct Interpolate {
   TensorRef<T, MemorySpace> param;
   Kokkos::View<const T*, MemorySpace> weight_buffer;
   T coefficient;
+  T* delta_out = nullptr;  // DDP: as in ApplyUpdate
   KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
     T& w = param[i];
-    w = w + coefficient * (weight_buffer(q) - w);
+    const T delta = coefficient * (weight_buffer(q) - w);
+    if (delta_out != nullptr) delta_out[i] = delta;
+    else w = w + delta;
   }
 };
 
