@@ -32,7 +32,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config dpkg-dev xz-utils ca-certificates
   libopenblas-dev liblapack-dev liblapacke-dev libeigen3-dev
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   doctest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxtensor-dev zlib1g-dev
   dataset-fashion-mnist gnuplot-nox

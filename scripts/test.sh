@@ -6,7 +6,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$("$root/scripts/configure.sh" -DLATHER_ENABLE_TESTS=ON -DLATHER_ENABLE_EXAMPLES=ON \
-  -DLATHER_ENABLE_BENCHMARKS=ON)
+  -DLATHER_ENABLE_BENCHMARKS=ON -DLATHER_ENABLE_HDF5=ON)
 cmake --build "$build" -j "${LATHER_JOBS:-2}"
 cd "$build"
 ctest --output-on-failure -j "${LATHER_JOBS:-2}" "$@"

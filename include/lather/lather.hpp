@@ -25,6 +25,9 @@
 
 #include <lather/io/state_dict.hpp>
 #include <lather/io/checkpoint.hpp>
+#ifdef LATHER_ENABLE_HDF5
+#include <lather/io/hdf5_checkpoint.hpp>
+#endif
 #include <lather/optimizers/param_group.hpp>
 #include <lather/optimizers/nonfinite.hpp>
 #include <lather/optimizers/sgd.hpp>
@@ -37,6 +40,8 @@
 #include <lather/optimizers/came.hpp>
 #include <lather/layout/blocking.hpp>
 #include <lather/layout/sharding.hpp>
+#include <lather/distributed/shampoo_distribution.hpp>
+#include <lather/distributed/gradients.hpp>
 #include <lather/grafting/grafting.hpp>
 #include <lather/root_inverse/root_inverse.hpp>
 #include <lather/root_inverse/eigen_root_inverse.hpp>

@@ -5,6 +5,7 @@
 #define LATHER_TEST_DIST_SHAMPOO_UTILS_HPP
 
 #include <lather/comm/mpi_communicator.hpp>
+#include <lather/distributed/gradients.hpp>
 #include <lather/optimizers/shampoo.hpp>
 #include <lather/root_inverse/coupled_higher_order.hpp>
 #include <lather/root_inverse/coupled_newton.hpp>
@@ -55,6 +56,20 @@ struct Model {
       from_host(grads[i], random_values(static_cast<std::size_t>(grads[i].size()), 1000 * (t + 1) + i));
   }
 };
+
+/// The options of the distributed tests: blocks of at most 4, amortized every 2 steps from
+/// step 2, decoupled weight decay.
+inline ShampooOptions dist_options() {
+  ShampooOptions o;
+  o.lr = 0.05;
+  o.betas = {0.9, 0.99};
+  o.epsilon = 1e-6;
+  o.max_preconditioner_dim = 4;
+  o.precondition_frequency = 2;
+  o.start_preconditioning_step = 2;
+  o.weight_decay = 1e-3;
+  return o;
+}
 
 /// Bitwise equality of two parameter lists (the raw bytes of every element).
 template <class T, class M>

@@ -53,17 +53,7 @@ void check_ddp_bitwise(const lather::ShampooOptions& o, const lather::ShampooDis
   CHECK(dist.consolidated_state_dict() == serial.state_dict());
 }
 
-lather::ShampooOptions base_options() {
-  lather::ShampooOptions o;
-  o.lr = 0.05;
-  o.betas = {0.9, 0.99};
-  o.epsilon = 1e-6;
-  o.max_preconditioner_dim = 4;
-  o.precondition_frequency = 2;
-  o.start_preconditioning_step = 2;
-  o.weight_decay = 1e-3;
-  return o;
-}
+lather::ShampooOptions base_options() { return lather::test::dist_options(); }
 
 std::vector<lather::ShampooDistributedOptions> ddp_variants() {
   std::vector<lather::ShampooDistributedOptions> v;
@@ -421,3 +411,34 @@ TEST_CASE_TEMPLATE_DEFINE("sharded Shampoo equals one process when shards align 
   run(n, lather::ShampooDistributionMode::hsdp, true);
 }
 TEST_CASE_TEMPLATE_APPLY(sharded, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("GradientAverager averages gradients over the ranks in one all-reduce", ExecSpace, averager) {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  const int n = lather::test::world_size();
+  const int r = Mpi(MPI_COMM_WORLD).rank();
+  // A (3, 4) gradient seen through strides (every other column of a (3, 8) buffer), a vector and
+  // an absent gradient; rank r holds (r + 1) * base, so the mean is (n + 1) / 2 * base.
+  Kokkos::View<double*, M> wide("wide", 24), vec("vec", 5);
+  const std::vector<std::int64_t> shape{3, 4}, strides{8, 2};
+  std::vector<P> grads{P(wide.data(), shape, strides), P(vec.data(), {5}), P()};
+  const auto base0 = lather::test::random_values(12, 7), base1 = lather::test::random_values(5, 8);
+  auto scaled = [&](const std::vector<double>& b, double f) {
+    std::vector<double> v(b);
+    for (auto& x : v) x *= f;
+    return v;
+  };
+  lather::test::from_host(grads[0], scaled(base0, r + 1));
+  lather::test::from_host(grads[1], scaled(base1, r + 1));
+  const auto untouched = lather::test::to_host(P(wide.data(), {24}));
+  lather::GradientAverager<double, M> average;
+  average(Mpi(MPI_COMM_WORLD), ExecSpace(), grads);
+  const double mean = (n + 1) / 2.0;
+  const auto g0 = lather::test::to_host(grads[0]), g1 = lather::test::to_host(grads[1]);
+  for (std::size_t k = 0; k < g0.size(); ++k) CHECK(g0[k] == doctest::Approx(mean * base0[k]).epsilon(1e-14));
+  for (std::size_t k = 0; k < g1.size(); ++k) CHECK(g1[k] == doctest::Approx(mean * base1[k]).epsilon(1e-14));
+  // The elements between the strided ones are not touched.
+  const auto all = lather::test::to_host(P(wide.data(), {24}));
+  for (std::size_t k = 1; k < all.size(); k += 2) CHECK(all[k] == untouched[k]);
+}
+TEST_CASE_TEMPLATE_APPLY(averager, lather_test_exec_spaces);

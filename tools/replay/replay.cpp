@@ -135,9 +135,18 @@ int main(int argc, char** argv) {
   dist->add_option("--tp-dim", shard.tp_dim, "split dimension: row (dim 0) or col (last dim)")
       ->check(CLI::IsMember({"row", "col"}));
   dist->add_flag("--zero", shard.zero, "ZeRO: cut each (TP-local) parameter into padded chunks over the other ranks");
+  ShampooDistFlags sd;
+  auto* sdist = app.add_option_group("distributed Shampoo", "Under mpiexec: Shampoo's DDP, sharded (FSDP) and HSDP modes");
+  sdist->add_option("--distributed", sd.mode, "ddp, sharded or hsdp")->check(CLI::IsMember({"ddp", "sharded", "hsdp"}));
+  sdist->add_option("--comm-dtype", sd.dtype, "parameter (default), float32, bfloat16 or float16")
+      ->check(CLI::IsMember({"parameter", "float32", "bfloat16", "float16"}));
+  sdist->add_option("--trainers-per-group", sd.trainers, "num_trainers_per_group (-1: all ranks)");
+  sdist->add_flag("--communicate-params", sd.communicate_params, "gather parameters instead of updates");
+  sdist->add_option("--shard-size", sd.shard_size, "hsdp: ranks per shard group (consecutive; default all)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
-  const MpiSession mpi(argc, argv, shard.distributed());
+  const MpiSession mpi(argc, argv, shard.distributed() || sd.distributed());
   Kokkos::ScopeGuard guard(argc, argv);
   const int code = [&]() -> int {
   try {
@@ -154,7 +163,11 @@ int main(int argc, char** argv) {
       using E = decltype(exec);
       r = single ? run_case<float, E>(c) : run_case<double, E>(c);
     };
-    if (is_sharded_optimizer(cfg.name)) {
+    if (sd.distributed()) {
+      if (shard.distributed()) fail("--distributed (Shampoo) and --tp / --zero exclude each other");
+      if (space != "default") fail("--distributed runs on the default execution space; drop --exec-space");
+      r = run_shampoo_distributed(c, cfg, single, sd);
+    } else if (is_sharded_optimizer(cfg.name)) {
       // on_space() takes Kokkos' names (ExecSpace::name()).
       const std::string kokkos_name = space == "default"  ? Kokkos::DefaultExecutionSpace::name()
                                       : space == "serial" ? "Serial"

@@ -739,6 +739,20 @@ struct ShardFlags {
 Result run_sharded(const Case& c, const OptimizerConfig& cfg, bool single, const std::string& space,
                    const ShardFlags& flags);
 
+/// lather-replay --distributed: Shampoo's DDP, sharded and HSDP modes under mpiexec (flags as
+/// ShampooDistributedOptions; docs/replay.md).
+struct ShampooDistFlags {
+  std::string mode;                 ///< ddp, sharded, hsdp; empty: not distributed
+  std::string dtype = "parameter";  ///< parameter, float32, bfloat16, float16
+  int trainers = -1;                ///< num_trainers_per_group
+  bool communicate_params = false;
+  int shard_size = 0;               ///< hsdp: ranks per shard group (0: all ranks)
+  [[nodiscard]] bool distributed() const { return !mode.empty(); }
+};
+/// Root-inverse Shampoo (eigh, coupled_newton; every grafting) across MPI_COMM_WORLD on the default
+/// execution space, in its own translation unit; rank 0 gets the whole trajectories.
+Result run_shampoo_distributed(const Case& c, const OptimizerConfig& cfg, bool single, const ShampooDistFlags& flags);
+
 /// The Shampoo family (optimizer.preconditioner other than root_inv), in their own translation units.
 Result run_eigen_family(const Case& c, const lather::ShampooOptions& s, const json& pre, const json& graft,
                         bool single, const std::string& space);
