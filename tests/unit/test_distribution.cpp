@@ -124,7 +124,7 @@ TEST_CASE("distribution: bf16 and fp16 conversions round to nearest even like Ei
   }
   std::mt19937 rng(7);
   for (int k = 0; k < 1000000; ++k) {
-    const std::uint32_t u = rng();
+    const auto u = static_cast<std::uint32_t>(rng());
     float f;
     std::memcpy(&f, &u, 4);
     probes.push_back(f);

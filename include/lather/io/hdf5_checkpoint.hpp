@@ -195,11 +195,11 @@ inline void save_distributed_checkpoint(const std::filesystem::path& path, const
     };
     // Every rank's format must be the same optimizer's.
     string_attribute("lather_format", local.format);
-    auto name_attribute = [&](hid_t where, const std::string& value) {
+    auto name_attribute = [&](hid_t target, const std::string& value) {
       Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
       H5Tset_size(type.get(), std::max<std::size_t>(1, value.size()));
       Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-      Handle attr(H5Acreate2(where, "name", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+      Handle attr(H5Acreate2(target, "name", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
       ok = ok && attr.valid() && H5Awrite(attr.get(), type.get(), value.c_str()) >= 0;
     };
     {
