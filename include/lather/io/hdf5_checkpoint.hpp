@@ -3,7 +3,8 @@
 /// \brief Distributed checkpoints in one HDF5 file (parallel HDF5 over MPI): every rank's state
 /// dictionary entries, each a dataset at the path of its key (`state.3.block_1.adagrad` ->
 /// `/state/3/block_1/adagrad`), plus the format and the rank count as attributes. The file reads
-/// with standard HDF5 tools (h5dump, h5py). Needs LATHER_ENABLE_HDF5 (and MPI).
+/// with standard HDF5 tools (h5dump, h5py). Needs lather configured with parallel HDF5 and MPI
+/// (docs/building.md).
 ///
 /// With distributed Shampoo every block has one owner, so the file holds each block once, keyed
 /// by parameter and block: it is the consolidated dictionary, and it restores on any rank count
