@@ -225,13 +225,14 @@ inline void save_distributed_checkpoint(const std::filesystem::path& path, const
       Handle g(H5Gopen2(file.get(), group.c_str(), H5P_DEFAULT), H5Gclose);
       if (g.valid()) name_attribute(g.get(), parameter_names[i]);
     }
-    for (auto& [key, ds] : datasets) {
-      const auto& m = entries.at(*key);
-      if (m.writer != rank || !ds.valid()) continue;
-      const StateTensor& t = local.tensors.at(*key);
+    for (const auto& entry : datasets) {  // no structured binding: captured below (clang -fopenmp)
+      const auto& m = entries.at(*entry.first);
+      const hid_t ds = entry.second.get();
+      if (m.writer != rank || !entry.second.valid()) continue;
+      const StateTensor& t = local.tensors.at(*entry.first);
       if (t.stored_size() == 0) continue;
       std::visit([&](const auto& v) {
-        ok = ok && H5Dwrite(ds.get(), impl::h5::memory_type(m.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0;
+        ok = ok && H5Dwrite(ds, impl::h5::memory_type(m.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0;
       }, t.values);
     }
   }  // every handle closed (collectively) before the rename

@@ -1176,11 +1176,14 @@ class Shampoo {
     }
     for (std::size_t g = 0; g < m_groups.size(); ++g) {
       add(m_groups[g].options.lr, "option 'lr' of parameter group " + std::to_string(g));
-      for (const auto& [name, t] : recorded_options(m_groups[g].options))
+      // No structured binding here: clang 16 cannot capture one in a lambda with -fopenmp.
+      for (const auto& option : recorded_options(m_groups[g].options)) {
+        const std::string what = "option '" + option.first + "' of parameter group " + std::to_string(g);
         std::visit([&](const auto& v) {
-          add(static_cast<double>(v.size()), "option '" + name + "' of parameter group " + std::to_string(g));
-          for (const auto& x : v) add(static_cast<double>(x), "option '" + name + "' of parameter group " + std::to_string(g));
-        }, t.values);
+          add(static_cast<double>(v.size()), what);
+          for (const auto& x : v) add(static_cast<double>(x), what);
+        }, option.second.values);
+      }
     }
     add(static_cast<double>(m_dist.mode), "the distribution mode");
     add(static_cast<double>(m_dist.communication_dtype), "option 'communication_dtype'");
