@@ -19,6 +19,25 @@
 #include <vector>
 
 namespace lather {
+namespace impl::kernels {
+// At namespace scope: nvcc's generated stubs must name a kernel's functor type (a private nested
+// type fails to compile for CUDA).
+template <class T, class MemorySpace>
+struct GradientPack {
+  TensorRef<T, MemorySpace> g;
+  Kokkos::View<T*, MemorySpace> flat;
+  std::int64_t at;
+  KOKKOS_FUNCTION void operator()(std::int64_t i) const { flat(at + i) = g[i]; }
+};
+template <class T, class MemorySpace>
+struct GradientUnpack {
+  TensorRef<T, MemorySpace> g;
+  Kokkos::View<T*, MemorySpace> flat;
+  std::int64_t at;
+  T scale;
+  KOKKOS_FUNCTION void operator()(std::int64_t i) const { g[i] = flat(at + i) * scale; }
+};
+}  // namespace impl::kernels
 
 /// \brief Averages gradients over the ranks of a communicator: g <- (sum over ranks of g) / size,
 /// for every gradient with data (an empty tensor is skipped: every rank must pass the same list,
@@ -45,7 +64,7 @@ class GradientAverager {
     const auto flat = m_flat;
     std::int64_t at = 0;
     for (const auto& t : g) {
-      Kokkos::parallel_for("lather::GradientAverager::pack", Range(space, 0, t.size()), Pack{t, flat, at});
+      Kokkos::parallel_for("lather::GradientAverager::pack", Range(space, 0, t.size()), impl::kernels::GradientPack<T, MemorySpace>{t, flat, at});
       at += t.size();
     }
     const auto used = Kokkos::subview(flat, std::make_pair(std::int64_t{0}, total));
@@ -53,26 +72,13 @@ class GradientAverager {
     const T scale = T(1) / static_cast<T>(comm.size());
     at = 0;
     for (const auto& t : g) {
-      Kokkos::parallel_for("lather::GradientAverager::unpack", Range(space, 0, t.size()), Unpack{t, flat, at, scale});
+      Kokkos::parallel_for("lather::GradientAverager::unpack", Range(space, 0, t.size()), impl::kernels::GradientUnpack<T, MemorySpace>{t, flat, at, scale});
       at += t.size();
     }
     space.fence();
   }
 
  private:
-  struct Pack {
-    TensorRef<T, MemorySpace> g;
-    Kokkos::View<T*, MemorySpace> flat;
-    std::int64_t at;
-    KOKKOS_FUNCTION void operator()(std::int64_t i) const { flat(at + i) = g[i]; }
-  };
-  struct Unpack {
-    TensorRef<T, MemorySpace> g;
-    Kokkos::View<T*, MemorySpace> flat;
-    std::int64_t at;
-    T scale;
-    KOKKOS_FUNCTION void operator()(std::int64_t i) const { g[i] = flat(at + i) * scale; }
-  };
   Kokkos::View<T*, MemorySpace> m_flat;
 };
 
