@@ -187,14 +187,24 @@ struct fp16_bits {
   std::uint16_t bits;
 };
 
+// hipcc (clang) treats std::memcpy as host-only in a __host__ __device__ function; its
+// __builtin_memcpy is allowed on both sides. nvcc and host compilers accept std::memcpy.
 KOKKOS_INLINE_FUNCTION std::uint32_t float_bits(float f) {
   std::uint32_t u;
+#if defined(__HIP__)
+  __builtin_memcpy(&u, &f, sizeof u);
+#else
   std::memcpy(&u, &f, sizeof u);
+#endif
   return u;
 }
 KOKKOS_INLINE_FUNCTION float bits_float(std::uint32_t u) {
   float f;
+#if defined(__HIP__)
+  __builtin_memcpy(&f, &u, sizeof f);
+#else
   std::memcpy(&f, &u, sizeof f);
+#endif
   return f;
 }
 

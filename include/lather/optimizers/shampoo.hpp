@@ -1178,10 +1178,10 @@ class Shampoo {
       add(m_groups[g].options.lr, "option 'lr' of parameter group " + std::to_string(g));
       // No structured binding here: clang 16 cannot capture one in a lambda with -fopenmp.
       for (const auto& option : recorded_options(m_groups[g].options)) {
-        const std::string what = "option '" + option.first + "' of parameter group " + std::to_string(g);
+        const std::string label = "option '" + option.first + "' of parameter group " + std::to_string(g);
         std::visit([&](const auto& v) {
-          add(static_cast<double>(v.size()), what);
-          for (const auto& x : v) add(static_cast<double>(x), what);
+          add(static_cast<double>(v.size()), label);
+          for (const auto& x : v) add(static_cast<double>(x), label);
         }, option.second.values);
       }
     }
