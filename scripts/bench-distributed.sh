@@ -9,14 +9,8 @@ build=$("$root/scripts/configure.sh" -DLATHER_ENABLE_BENCHMARKS=ON)
 cmake --build "$build" --target lather_bench_dist_shampoo -j "${LATHER_JOBS:-2}" >&2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp
 export OMP_PROC_BIND=false OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-# OpenBLAS 0.3.21 falls back to generic kernels on CPUs it does not know by model (this VM): pick
-# the kernels the CPU's instructions allow, as demo.sh does (docs/benchmarks.md).
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo \
-   && grep -qw avx512dq /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=SkylakeX
-elif [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=Haswell
-fi
+# OpenBLAS kernels for this CPU (scripts/openblas-env.sh; OPENBLAS_CORETYPE overrides).
+source "$root/scripts/openblas-env.sh"
 bench=$build/benchmarks/lather_bench_dist_shampoo
 for np in 1 2 4; do
   echo "== $np rank(s), 1 thread each$([ "$np" -gt "$(nproc)" ] && echo ', oversubscribed')"

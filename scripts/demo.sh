@@ -13,17 +13,8 @@ export OMP_PROC_BIND=${OMP_PROC_BIND:-false}
 # Kokkos' OpenMP threads and OpenBLAS' threads take turns on the same cores: passive waiting keeps
 # idle Kokkos workers from spinning while a BLAS call runs.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-# OpenBLAS 0.3.21 falls back to its slow generic x86 kernels on CPUs it does not know by model
-# (e.g. cloud VMs reporting "Intel Xeon Processor"); the Haswell kernels (AVX2 + FMA) or the
-# SkylakeX kernels (AVX-512 F/BW/DQ/VL) are correct on any CPU with those instructions and several
-# times faster (docs/benchmarks.md). Set OPENBLAS_CORETYPE to override.
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo \
-   && ! grep -qw avx512f /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=Haswell
-elif [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo \
-     && grep -qw avx512dq /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=SkylakeX
-fi
+# OpenBLAS kernels for this CPU (scripts/openblas-env.sh; OPENBLAS_CORETYPE overrides).
+source "$root/scripts/openblas-env.sh"
 if [ "${LATHER_DEMO:-train}" = linear-regression ]; then
   cmake --build "$build" --target lather-demo -j "${LATHER_JOBS:-2}" >&2
   exec "$build/examples/01_linear_regression/lather-demo" "$@"

@@ -1,0 +1,545 @@
+// SPDX-License-Identifier: Apache-2.0
+// The performance suite of docs/performance.md (scripts/bench-suite.sh runs it on 1 and 2
+// threads): float32 parameter sets "mlp", "resnet50" and "gpt2-block"
+// (../shared/reference/benchmark-shapes.md, written out below) under AdamW and under Shampoo with
+// Adam grafting at max_preconditioner_dim 256 and 1024, with the references they are judged
+// against, all measured in the same process:
+//   - the machine's SGEMM throughput through the same BLAS (KokkosBlas::gemm -> OpenBLAS), and a
+//     STREAM triad for the memory bandwidth;
+//   - Shampoo's steady step (precondition_frequency 100: factor updates, grafting and
+//     preconditioning, no root inverse) and its root step (every inverse root recomputed, which is
+//     every step at precondition_frequency 1 and one step in 100 at 100), reported separately;
+//     achieved GFLOP/s of the step's minimal work (per block: the factor updates as symmetric
+//     rank-k updates, d_j N flops for the factor of dimension d_j of a block of N elements, plus
+//     one product per factor to precondition, 2 d_j N) and optimizer-state bytes against the
+//     reference's (packed and full factors, from the same blocks);
+//   - root inverses against a bare LAPACK ssyevd/dsyevd on the same matrix, n = 128 to 2048, and
+//     coupled Newton (the matrix-product strategy) in float and double, n <= 1024.
+// Besides Google Benchmark's report, `--summary=FILE` writes a Markdown summary with the derived
+// ratios and `--plot-data=FILE` the step times per parameter set (for gnuplot); `--smoke` runs one
+// iteration of each (for the CTest smoke test).
+#include <lather/impl/backends/lapack.hpp>
+#include <lather/lather.hpp>
+#include <lather/optimizers/adam.hpp>
+#include <lather/optimizers/shampoo.hpp>
+#include <lather/root_inverse/root_inverse.hpp>
+
+#include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
+#include <Kokkos_Random.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using M = ExecSpace::memory_space;
+using P = lather::TensorRef<float, M>;
+using Shape = std::vector<std::int64_t>;
+using ShampooOpt = lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting>;
+
+// ---- parameter sets -------------------------------------------------------------------------
+
+std::vector<Shape> mlp_shapes() { return {{512, 784}, {512}, {256, 512}, {256}, {10, 256}, {10}}; }
+
+std::vector<Shape> gpt2_block_shapes() {
+  return {{768}, {768}, {2304, 768}, {2304}, {768, 768},  {768},
+          {768}, {768}, {3072, 768}, {3072}, {768, 3072}, {768}};
+}
+
+// torchvision ResNet-50 v1.5 in parameter order: the stem, then per stage the bottleneck blocks
+// (conv1 1x1, conv2 3x3, conv3 1x1, each with batch-norm weight and bias; the first block of a
+// stage also has the 1x1 downsample convolution and its batch norm), then fc.
+std::vector<Shape> resnet50_shapes() {
+  std::vector<Shape> s;
+  auto conv_bn = [&](std::int64_t out, std::int64_t in, std::int64_t k) {
+    s.push_back({out, in, k, k});
+    s.push_back({out});
+    s.push_back({out});
+  };
+  conv_bn(64, 3, 7);
+  const std::int64_t widths[4] = {64, 128, 256, 512}, blocks[4] = {3, 4, 6, 3};
+  std::int64_t in = 64;
+  for (int stage = 0; stage < 4; ++stage) {
+    const std::int64_t w = widths[stage], out = 4 * w;
+    for (std::int64_t b = 0; b < blocks[stage]; ++b) {
+      conv_bn(w, in, 1);
+      conv_bn(w, w, 3);
+      conv_bn(out, w, 1);
+      if (b == 0) conv_bn(out, in, 1);  // downsample
+      in = out;
+    }
+  }
+  s.push_back({1000, 2048});
+  s.push_back({1000});
+  return s;
+}
+
+std::int64_t numel(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto e : s) n *= e;
+  return n;
+}
+
+struct Model {
+  std::vector<Kokkos::View<float*, M>> storage, grad_storage;
+  std::vector<P> params, grads;
+  std::int64_t size = 0;
+  explicit Model(const std::vector<Shape>& shapes) {
+    std::uint64_t seed = 1;
+    for (const auto& s : shapes) {
+      const std::int64_t n = numel(s);
+      size += n;
+      storage.emplace_back("p", n);
+      grad_storage.emplace_back("g", n);
+      Kokkos::Random_XorShift64_Pool<ExecSpace> pool(seed++);
+      Kokkos::fill_random(storage.back(), pool, -0.05f, 0.05f);
+      Kokkos::fill_random(grad_storage.back(), pool, -0.01f, 0.01f);
+      params.emplace_back(storage.back().data(), s);
+      grads.emplace_back(grad_storage.back().data(), s);
+    }
+  }
+};
+
+// ---- results kept for the summary --------------------------------------------------------------
+
+struct Result {
+  double seconds = 0;     // per iteration
+  double flops = 0;       // per iteration (minimal work)
+  double bytes = 0;       // memory traffic per iteration, or lather's state bytes (Shampoo)
+  double ref_packed = 0;  // Shampoo: the reference's state bytes, packed factors
+  double ref_full = 0;    // ... full factors
+};
+std::map<std::string, Result>& results() {
+  static std::map<std::string, Result> r;
+  return r;
+}
+
+// A benchmark that could not measure what it names fails the run (exit status 1), so the smoke
+// test (benchmarks/CMakeLists.txt) catches it.
+bool g_failed = false;
+void fail(benchmark::State& state, const char* why) {
+  g_failed = true;
+  state.SkipWithError(why);
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Times each iteration by hand (steps fence inside), reports manual time, keeps the mean.
+template <class F>
+double timed_loop(benchmark::State& state, F&& body) {
+  double total = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    body();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    total += dt;
+  }
+  return state.iterations() > 0 ? total / static_cast<double>(state.iterations()) : 0.0;
+}
+
+// ---- references: SGEMM and a STREAM triad ------------------------------------------------------
+
+void sgemm(benchmark::State& state, std::int64_t n) {
+  using V = Kokkos::View<float**, Kokkos::LayoutLeft, Kokkos::HostSpace>;
+  V a("a", n, n), b("b", n, n), c("c", n, n);
+  Kokkos::Random_XorShift64_Pool<Kokkos::DefaultHostExecutionSpace> pool(7);
+  Kokkos::fill_random(a, pool, -1.0f, 1.0f);
+  Kokkos::fill_random(b, pool, -1.0f, 1.0f);
+  KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);  // warm-up (threads, page faults)
+  const double t = timed_loop(state, [&] { KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c); });
+  const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  state.counters["GFLOP/s"] = flops / t * 1e-9;
+  results()["sgemm/" + std::to_string(n)] = {t, flops, 0, 0, 0};
+}
+
+void triad(benchmark::State& state) {
+  const std::int64_t n = std::int64_t{1} << 25;  // 3 x 128 MiB: far beyond any cache
+  Kokkos::View<float*, M> a("a", n), b("b", n), c("c", n);
+  Kokkos::deep_copy(b, 1.0f);
+  Kokkos::deep_copy(c, 2.0f);
+  auto run = [&] {
+    Kokkos::parallel_for(
+        "triad", Kokkos::RangePolicy<ExecSpace>(0, n),
+        KOKKOS_LAMBDA(std::int64_t i) { a(i) = b(i) + 0.5f * c(i); });
+    Kokkos::fence();
+  };
+  run();
+  const double t = timed_loop(state, run);
+  const double bytes = 3.0 * 4.0 * static_cast<double>(n);
+  state.counters["GB/s"] = bytes / t * 1e-9;
+  results()["triad"] = {t, 0, bytes, 0, 0};
+}
+
+// ---- AdamW -------------------------------------------------------------------------------------
+
+void adamw(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes) {
+  Model model(shapes);
+  lather::AdamW<P, ExecSpace> opt(model.params, lather::AdamWOptions{});
+  const ExecSpace space;
+  opt.step(space, model.grads);
+  const double t = timed_loop(state, [&] {
+    opt.step(space, model.grads);
+    space.fence();
+  });
+  // One fused pass: parameters read and written, gradients read, two moments read and written.
+  const double bytes = 7.0 * 4.0 * static_cast<double>(model.size);
+  state.counters["GB/s"] = bytes / t * 1e-9;
+  state.counters["state_bytes"] = 2.0 * 4.0 * static_cast<double>(model.size);
+  results()["adamw/" + set] = {t, 0, bytes, 0, 0};
+}
+
+// ---- Shampoo -----------------------------------------------------------------------------------
+
+struct WorkAndMemory {
+  double flops = 0;             // minimal work of one steady step
+  double reference_packed = 0;  // the reference's state bytes, factors packed (its default)
+  double reference_full = 0;    // ... with full d x d factors
+};
+
+// From lather's own blocks (merge_small_dims + multi_dim_split, the reference's rules).
+WorkAndMemory minimal_work(const ShampooOpt& opt, const Model& model) {
+  WorkAndMemory w;
+  for (std::size_t i = 0; i < opt.num_params(); ++i) {
+    for (const auto& blk : opt.layout(i).blocks) {
+      const auto n = static_cast<double>(blk.numel());
+      for (const auto d64 : blk.extent) {
+        const auto d = static_cast<double>(d64);
+        w.flops += 3.0 * d * n;
+        // factor and inverse factor, float32
+        w.reference_packed += 2.0 * 4.0 * d * (d + 1) / 2;
+        w.reference_full += 2.0 * 4.0 * d * d;
+      }
+    }
+  }
+  // Adam grafting's second moment and the filtered gradient (betas[0] > 0), float32.
+  const double per_element = 2.0 * 4.0 * static_cast<double>(model.size);
+  w.reference_packed += per_element;
+  w.reference_full += per_element;
+  return w;
+}
+
+lather::ShampooOptions shampoo_options(std::int64_t max_dim, std::int64_t frequency) {
+  return {.lr = 1e-3,
+          .betas = {0.9, 0.999},
+          .epsilon = 1e-8,
+          .max_preconditioner_dim = max_dim,
+          .precondition_frequency = frequency,
+          .start_preconditioning_step = frequency};
+}
+
+// Moves the optimizer's step counter (a state-dict round trip, the supported way).
+void set_step(ShampooOpt& opt, std::int64_t step) {
+  auto d = opt.state_dict();
+  d.tensors["param_groups.0.step"] = lather::StateTensor{{}, std::vector<std::int64_t>{step}};
+  opt.load_state_dict(d);
+}
+
+// kind "steady": precondition_frequency 100; steps 1 and 100 (the first root inverses) untimed,
+// then steps 101, 102, ... timed (none computes a root inverse).
+// kind "root": precondition_frequency 1: every timed step recomputes every inverse root.
+void shampoo(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
+             std::int64_t max_dim, bool root_step) {
+  Model model(shapes);
+  ShampooOpt opt(model.params, shampoo_options(max_dim, root_step ? 1 : 100), lather::EigenRootInverse{},
+                 lather::AdamGrafting{.epsilon = 1e-8});
+  const ExecSpace space;
+  opt.step(space, model.grads);
+  if (!root_step) {
+    set_step(opt, 99);
+    opt.step(space, model.grads);  // step 100: roots computed, preconditioning from here on
+  }
+  const double t = timed_loop(state, [&] {
+    opt.step(space, model.grads);
+    space.fence();
+  });
+  if (root_step != opt.last_step_info().amortized || opt.last_step_info().grafted)
+    fail(state, "the timed steps were not the kind named (amortized / preconditioned)");
+  const WorkAndMemory w = minimal_work(opt, model);
+  const auto bytes = static_cast<double>(opt.state_bytes());
+  if (!root_step) state.counters["min_GFLOP/s"] = w.flops / t * 1e-9;
+  state.counters["state_MB"] = bytes * 1e-6;
+  state.counters["ref_state_MB"] = w.reference_packed * 1e-6;
+  const std::string key =
+      "shampoo/" + set + "/" + std::to_string(max_dim) + (root_step ? "/root" : "/steady");
+  results()[key] = {t, w.flops, bytes, w.reference_packed, w.reference_full};
+}
+
+// Optimizer-state bytes with full (unpacked) factors, from construction (no step needed).
+void shampoo_unpacked_state(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
+                            std::int64_t max_dim) {
+  Model model(shapes);
+  auto o = shampoo_options(max_dim, 100);
+  o.use_symmetric_packing = false;
+  ShampooOpt opt(model.params, o, lather::EigenRootInverse{}, lather::AdamGrafting{.epsilon = 1e-8});
+  const ExecSpace space;
+  opt.step(space, model.grads);
+  double bytes = 0;
+  for (auto _ : state) bytes = static_cast<double>(opt.state_bytes());
+  state.counters["state_MB"] = bytes * 1e-6;
+  results()["shampoo/" + set + "/" + std::to_string(max_dim) + "/full_state"] = {0, 0, bytes, 0, 0};
+}
+
+// ---- root inverses against a bare syevd -------------------------------------------------------
+
+// A factor-like SPD matrix: X X^T / n + 1e-3 I, X with uniform entries (condition ~1e3 - 1e4).
+template <class T>
+Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> spd(std::int64_t n) {
+  Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> x("x", n, n), a("a", n, n);
+  Kokkos::Random_XorShift64_Pool<Kokkos::DefaultHostExecutionSpace> pool(11);
+  Kokkos::fill_random(x, pool, T(-1), T(1));
+  KokkosBlas::gemm("N", "T", T(1) / static_cast<T>(n), x, x, T(0), a);
+  for (std::int64_t i = 0; i < n; ++i) a(i, i) += T(1e-3);
+  return a;
+}
+
+template <class T>
+void bare_syevd(benchmark::State& state, std::int64_t n) {
+  const auto a = spd<T>(n);
+  std::vector<T> work_a(static_cast<std::size_t>(n * n)), w(static_cast<std::size_t>(n));
+  const int nn = static_cast<int>(n);
+  int lwork = -1, liwork = -1, info = 0, iq = 0;
+  T q = 0;
+  auto call = [&](T* work, int* iwork) {
+    if constexpr (std::is_same_v<T, float>)
+      ssyevd_("V", "L", &nn, work_a.data(), &nn, w.data(), work, &lwork, iwork, &liwork, &info, 1, 1);
+    else
+      dsyevd_("V", "L", &nn, work_a.data(), &nn, w.data(), work, &lwork, iwork, &liwork, &info, 1, 1);
+  };
+  call(&q, &iq);  // workspace query
+  lwork = static_cast<int>(q);
+  liwork = iq;
+  std::vector<T> work(static_cast<std::size_t>(lwork));
+  std::vector<int> iwork(static_cast<std::size_t>(liwork));
+  const double t = timed_loop(state, [&] {
+    std::copy(a.data(), a.data() + n * n, work_a.begin());  // syevd overwrites its input
+    call(work.data(), iwork.data());
+  });
+  if (info != 0) fail(state, "syevd failed");
+  results()[std::string("syevd/") + (sizeof(T) == 4 ? "float/" : "double/") + std::to_string(n)] = {t, 0, 0,
+                                                                                                    0, 0};
+}
+
+template <class T, class Strategy>
+void root_inverse(benchmark::State& state, const char* name, const Strategy& strategy, std::int64_t n) {
+  const auto a = spd<T>(n);
+  Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> x("x", n, n);
+  const Kokkos::DefaultHostExecutionSpace space;
+  const Kokkos::View<const T**, Kokkos::LayoutRight, Kokkos::HostSpace> ac = a;
+  lather::RootInverseStatus status = lather::RootInverseStatus::success;
+  const double t = timed_loop(state, [&] { status = strategy.compute(space, ac, 4.0, 0.0, x); });
+  if (!lather::is_usable(status)) fail(state, lather::to_string(status));
+  results()[std::string(name) + (sizeof(T) == 4 ? "/float/" : "/double/") + std::to_string(n)] = {t, 0, 0, 0,
+                                                                                                  0};
+}
+
+// ---- registration and summary --------------------------------------------------------------
+
+struct Set {
+  std::string name;
+  std::vector<Shape> shapes;
+  int steady_iterations, root_iterations;
+};
+int g_iterations_cap = 1 << 30;
+
+std::vector<Set> sets() {
+  return {{"mlp", mlp_shapes(), 20, 5},
+          {"gpt2-block", gpt2_block_shapes(), 5, 2},
+          {"resnet50", resnet50_shapes(), 3, 1}};
+}
+
+// smoke: one iteration each (the CTest smoke test checks the kinds, not the times).
+void register_all(bool smoke) {
+  if (smoke) g_iterations_cap = 1;
+  for (const std::int64_t n : {256, 1024, 2048}) {
+    auto* b = benchmark::RegisterBenchmark(("sgemm/" + std::to_string(n)).c_str(), sgemm, n);
+    b->UseManualTime()->Unit(benchmark::kMillisecond);
+    if (smoke) b->Iterations(1);
+  }
+  benchmark::RegisterBenchmark("stream_triad", triad)
+      ->UseManualTime()
+      ->Iterations(std::min(20, g_iterations_cap))
+      ->Unit(benchmark::kMillisecond);
+  for (const auto& s : sets()) {
+    auto* b = benchmark::RegisterBenchmark(("adamw/" + s.name).c_str(), adamw, s.name, s.shapes);
+    b->UseManualTime()->Unit(benchmark::kMillisecond);
+    if (smoke) b->Iterations(1);
+  }
+  for (const auto& s : sets())
+    for (const std::int64_t dim : {256, 1024}) {
+      const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
+      benchmark::RegisterBenchmark((base + "/steady").c_str(), shampoo, s.name, s.shapes, dim, false)
+          ->UseManualTime()
+          ->Iterations(std::min(s.steady_iterations, g_iterations_cap))
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((base + "/root").c_str(), shampoo, s.name, s.shapes, dim, true)
+          ->UseManualTime()
+          ->Iterations(std::min(s.root_iterations, g_iterations_cap))
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((base + "/full_state").c_str(), shampoo_unpacked_state, s.name, s.shapes,
+                                   dim)
+          ->Iterations(1);
+    }
+  for (const std::int64_t n : {128, 256, 512, 1024, 2048}) {
+    const int it = std::min(n >= 1024 ? 2 : 5, g_iterations_cap);
+    const std::string sn = std::to_string(n);
+    benchmark::RegisterBenchmark(("syevd/float/" + sn).c_str(), bare_syevd<float>, n)
+        ->UseManualTime()
+        ->Iterations(it)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("eigen_root_inverse/float/" + sn).c_str(),
+                                 root_inverse<float, lather::EigenRootInverse>, "eigen_root_inverse",
+                                 lather::EigenRootInverse{}, n)
+        ->UseManualTime()
+        ->Iterations(it)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("syevd/double/" + sn).c_str(), bare_syevd<double>, n)
+        ->UseManualTime()
+        ->Iterations(it)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("eigen_root_inverse/double/" + sn).c_str(),
+                                 root_inverse<double, lather::EigenRootInverse>, "eigen_root_inverse",
+                                 lather::EigenRootInverse{}, n)
+        ->UseManualTime()
+        ->Iterations(it)
+        ->Unit(benchmark::kMillisecond);
+    if (n <= 1024) {
+      benchmark::RegisterBenchmark(("coupled_newton/float/" + sn).c_str(),
+                                   root_inverse<float, lather::CoupledNewtonRootInverse>, "coupled_newton",
+                                   lather::CoupledNewtonRootInverse{}, n)
+          ->UseManualTime()
+          ->Iterations(it)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("coupled_newton/double/" + sn).c_str(),
+                                   root_inverse<double, lather::CoupledNewtonRootInverse>, "coupled_newton",
+                                   lather::CoupledNewtonRootInverse{}, n)
+          ->UseManualTime()
+          ->Iterations(it)
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+const Result* find(const std::string& k) {
+  const auto it = results().find(k);
+  return it == results().end() ? nullptr : &it->second;
+}
+
+void write_summary(const std::string& path, int threads) {
+  std::ofstream out(path);
+  char buf[512];
+  const Result* gemm = find("sgemm/1024");
+  const Result* tri = find("triad");
+  const double gemm_rate = gemm ? gemm->flops / gemm->seconds : 0;
+  out << "threads: " << threads << "\n\n";
+  if (gemm) out << "SGEMM 1024: " << gemm_rate * 1e-9 << " GFLOP/s";
+  if (tri) out << "; STREAM triad: " << tri->bytes / tri->seconds * 1e-9 << " GB/s";
+  out << "\n\n| set | max dim | steady step | min work | GFLOP/s | of SGEMM | root step | F=100 amortized | "
+         "state (lather) | state (reference, packed) | full factors (reference) | full factors (lather) |\n";
+  out << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const auto& s : sets())
+    for (const std::int64_t dim : {256, 1024}) {
+      const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
+      const Result *st = find(base + "/steady"), *rt = find(base + "/root"), *fs = find(base + "/full_state");
+      if (!st || !rt) continue;
+      const double rate = st->flops / st->seconds;
+      // F = 100: 99 steady steps and one root step.
+      const double amortized = (99.0 * st->seconds + rt->seconds) / 100.0;
+      std::snprintf(buf, sizeof buf,
+                    "| %s | %lld | %.1f ms | %.2f GFLOP | %.1f | %.0f%% | %.0f ms | %.1f ms | %.1f MB | %.1f "
+                    "MB | %.1f MB | %.1f MB |\n",
+                    s.name.c_str(), static_cast<long long>(dim), st->seconds * 1e3, st->flops * 1e-9,
+                    rate * 1e-9, gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0, rt->seconds * 1e3,
+                    amortized * 1e3, st->bytes * 1e-6, st->ref_packed * 1e-6, st->ref_full * 1e-6,
+                    fs ? fs->bytes * 1e-6 : 0.0);
+      out << buf;
+    }
+  out << "\n| set | AdamW step | GB/s | of triad |\n| --- | ---: | ---: | ---: |\n";
+  for (const auto& s : sets())
+    if (const Result* a = find("adamw/" + s.name)) {
+      const double bw = a->bytes / a->seconds;
+      std::snprintf(buf, sizeof buf, "| %s | %.2f ms | %.1f | %.0f%% |\n", s.name.c_str(), a->seconds * 1e3,
+                    bw * 1e-9, tri ? 100.0 * bw / (tri->bytes / tri->seconds) : 0.0);
+      out << buf;
+    }
+  out << "\n| n | syevd float | eigen root inverse float | ratio | coupled Newton float | syevd double | "
+         "eigen root "
+         "inverse double | ratio | coupled Newton double |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+         "| ---: | ---: |\n";
+  for (const std::int64_t n : {128, 256, 512, 1024, 2048}) {
+    const std::string sn = std::to_string(n);
+    auto ms = [&](const std::string& k) {
+      const Result* r = find(k);
+      return r ? std::to_string(r->seconds * 1e3).substr(0, 7) + " ms" : std::string("-");
+    };
+    auto ratio = [&](const std::string& a, const std::string& b) {
+      const Result *x = find(a), *y = find(b);
+      return x && y ? std::to_string(x->seconds / y->seconds).substr(0, 4) : std::string("-");
+    };
+    out << "| " << n << " | " << ms("syevd/float/" + sn) << " | " << ms("eigen_root_inverse/float/" + sn)
+        << " | " << ratio("eigen_root_inverse/float/" + sn, "syevd/float/" + sn) << " | "
+        << ms("coupled_newton/float/" + sn) << " | " << ms("syevd/double/" + sn) << " | "
+        << ms("eigen_root_inverse/double/" + sn) << " | "
+        << ratio("eigen_root_inverse/double/" + sn, "syevd/double/" + sn) << " | "
+        << ms("coupled_newton/double/" + sn) << " |\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Kokkos::ScopeGuard guard(argc, argv);
+  std::string summary, plot_data;
+  bool smoke = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a.starts_with("--summary="))
+      summary = std::string(a.substr(10));
+    else if (a.starts_with("--plot-data="))
+      plot_data = std::string(a.substr(12));
+    else if (a == "--smoke")
+      smoke = true;
+    else
+      args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  register_all(smoke);
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  benchmark::AddCustomContext("lather", lather::version_string);
+  benchmark::AddCustomContext("kokkos_execution_space", ExecSpace::name());
+  benchmark::AddCustomContext("kokkos_threads", std::to_string(ExecSpace().concurrency()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (!summary.empty()) write_summary(summary, ExecSpace().concurrency());
+  if (!plot_data.empty()) {
+    std::ofstream out(plot_data);
+    out << "# set adamw_ms shampoo256_steady_ms shampoo256_f100_ms shampoo1024_steady_ms "
+           "shampoo1024_f100_ms\n";
+    for (const auto& s : sets()) {
+      out << '"' << s.name << '"';
+      const Result* a = find("adamw/" + s.name);
+      out << ' ' << (a ? a->seconds * 1e3 : 0.0);
+      for (const std::int64_t dim : {256, 1024}) {
+        const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
+        const Result *st = find(base + "/steady"), *rt = find(base + "/root");
+        out << ' ' << (st ? st->seconds * 1e3 : 0.0) << ' '
+            << (st && rt ? (99.0 * st->seconds + rt->seconds) / 100.0 * 1e3 : 0.0);
+      }
+      out << '\n';
+    }
+  }
+  return g_failed ? 1 : 0;
+}
