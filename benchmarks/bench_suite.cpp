@@ -31,11 +31,14 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -119,6 +122,7 @@ struct Result {
   double bytes = 0;       // memory traffic per iteration, or lather's state bytes (Shampoo)
   double ref_packed = 0;  // Shampoo: the reference's state bytes, packed factors
   double ref_full = 0;    // ... full factors
+  double heap_allocations = 0, kokkos_allocations = 0;  // per step, after the first
 };
 std::map<std::string, Result>& results() {
   static std::map<std::string, Result> r;
@@ -131,6 +135,34 @@ bool g_failed = false;
 void fail(benchmark::State& state, const char* why) {
   g_failed = true;
   state.SkipWithError(why);
+}
+
+// Heap allocations inside step(): operator new is counted while `g_counting` is set (this
+// executable replaces the global operator new), Kokkos allocations through the Kokkos Tools
+// allocate-data hook, installed only for the counting steps (tools change what Kokkos does).
+std::atomic<bool> g_counting{false};
+std::atomic<std::int64_t> g_heap_allocations{0};
+std::int64_t g_kokkos_allocations = 0;
+void count_kokkos_allocation(Kokkos::Profiling::SpaceHandle, const char*, const void*, std::uint64_t) {
+  ++g_kokkos_allocations;
+}
+
+struct AllocationCounts {
+  double heap = 0, kokkos = 0;
+};
+// Runs `steps` calls of `step` counting allocations; per step.
+template <class F>
+AllocationCounts count_allocations(int steps, F&& step) {
+  g_heap_allocations = 0;
+  g_counting = true;
+  for (int s = 0; s < steps; ++s) step();
+  g_counting = false;
+  const double heap = static_cast<double>(g_heap_allocations.load());
+  g_kokkos_allocations = 0;
+  Kokkos::Tools::Experimental::set_allocate_data_callback(count_kokkos_allocation);
+  for (int s = 0; s < steps; ++s) step();
+  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
+  return {heap / steps, static_cast<double>(g_kokkos_allocations) / steps};
 }
 
 using Clock = std::chrono::steady_clock;
@@ -161,7 +193,7 @@ void sgemm(benchmark::State& state, std::int64_t n) {
   const double t = timed_loop(state, [&] { KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c); });
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
   state.counters["GFLOP/s"] = flops / t * 1e-9;
-  results()["sgemm/" + std::to_string(n)] = {t, flops, 0, 0, 0};
+  results()["sgemm/" + std::to_string(n)] = {t, flops, 0, 0, 0, 0, 0};
 }
 
 void triad(benchmark::State& state) {
@@ -179,7 +211,7 @@ void triad(benchmark::State& state) {
   const double t = timed_loop(state, run);
   const double bytes = 3.0 * 4.0 * static_cast<double>(n);
   state.counters["GB/s"] = bytes / t * 1e-9;
-  results()["triad"] = {t, 0, bytes, 0, 0};
+  results()["triad"] = {t, 0, bytes, 0, 0, 0, 0};
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
@@ -193,11 +225,14 @@ void adamw(benchmark::State& state, const std::string& set, const std::vector<Sh
     opt.step(space, model.grads);
     space.fence();
   });
+  const AllocationCounts allocs = count_allocations(2, [&] { opt.step(space, model.grads); });
+  state.counters["heap_allocs/step"] = allocs.heap;
+  state.counters["kokkos_allocs/step"] = allocs.kokkos;
   // One fused pass: parameters read and written, gradients read, two moments read and written.
   const double bytes = 7.0 * 4.0 * static_cast<double>(model.size);
   state.counters["GB/s"] = bytes / t * 1e-9;
   state.counters["state_bytes"] = 2.0 * 4.0 * static_cast<double>(model.size);
-  results()["adamw/" + set] = {t, 0, bytes, 0, 0};
+  results()["adamw/" + set] = {t, 0, bytes, 0, 0, allocs.heap, allocs.kokkos};
 }
 
 // ---- Shampoo -----------------------------------------------------------------------------------
@@ -266,6 +301,10 @@ void shampoo(benchmark::State& state, const std::string& set, const std::vector<
   });
   if (root_step != opt.last_step_info().amortized || opt.last_step_info().grafted)
     fail(state, "the timed steps were not the kind named (amortized / preconditioned)");
+  // Two more steps of the same kind (the steady ones stay below step 200).
+  const AllocationCounts allocs = count_allocations(2, [&] { opt.step(space, model.grads); });
+  state.counters["heap_allocs/step"] = allocs.heap;
+  state.counters["kokkos_allocs/step"] = allocs.kokkos;
   const WorkAndMemory w = minimal_work(opt, model);
   const auto bytes = static_cast<double>(opt.state_bytes());
   if (!root_step) state.counters["min_GFLOP/s"] = w.flops / t * 1e-9;
@@ -273,7 +312,7 @@ void shampoo(benchmark::State& state, const std::string& set, const std::vector<
   state.counters["ref_state_MB"] = w.reference_packed * 1e-6;
   const std::string key =
       "shampoo/" + set + "/" + std::to_string(max_dim) + (root_step ? "/root" : "/steady");
-  results()[key] = {t, w.flops, bytes, w.reference_packed, w.reference_full};
+  results()[key] = {t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos};
 }
 
 // Optimizer-state bytes with full (unpacked) factors, from construction (no step needed).
@@ -288,7 +327,7 @@ void shampoo_unpacked_state(benchmark::State& state, const std::string& set, con
   double bytes = 0;
   for (auto _ : state) bytes = static_cast<double>(opt.state_bytes());
   state.counters["state_MB"] = bytes * 1e-6;
-  results()["shampoo/" + set + "/" + std::to_string(max_dim) + "/full_state"] = {0, 0, bytes, 0, 0};
+  results()["shampoo/" + set + "/" + std::to_string(max_dim) + "/full_state"] = {0, 0, bytes, 0, 0, 0, 0};
 }
 
 // ---- root inverses against a bare syevd -------------------------------------------------------
@@ -327,8 +366,8 @@ void bare_syevd(benchmark::State& state, std::int64_t n) {
     call(work.data(), iwork.data());
   });
   if (info != 0) fail(state, "syevd failed");
-  results()[std::string("syevd/") + (sizeof(T) == 4 ? "float/" : "double/") + std::to_string(n)] = {t, 0, 0,
-                                                                                                    0, 0};
+  results()[std::string("syevd/") + (sizeof(T) == 4 ? "float/" : "double/") + std::to_string(n)] =
+      Result{.seconds = t};
 }
 
 template <class T, class Strategy>
@@ -340,8 +379,8 @@ void root_inverse(benchmark::State& state, const char* name, const Strategy& str
   lather::RootInverseStatus status = lather::RootInverseStatus::success;
   const double t = timed_loop(state, [&] { status = strategy.compute(space, ac, 4.0, 0.0, x); });
   if (!lather::is_usable(status)) fail(state, lather::to_string(status));
-  results()[std::string(name) + (sizeof(T) == 4 ? "/float/" : "/double/") + std::to_string(n)] = {t, 0, 0, 0,
-                                                                                                  0};
+  results()[std::string(name) + (sizeof(T) == 4 ? "/float/" : "/double/") + std::to_string(n)] =
+      Result{.seconds = t};
 }
 
 // ---- registration and summary --------------------------------------------------------------
@@ -446,8 +485,9 @@ void write_summary(const std::string& path, int threads) {
   if (gemm) out << "SGEMM 1024: " << gemm_rate * 1e-9 << " GFLOP/s";
   if (tri) out << "; STREAM triad: " << tri->bytes / tri->seconds * 1e-9 << " GB/s";
   out << "\n\n| set | max dim | steady step | min work | GFLOP/s | of SGEMM | root step | F=100 amortized | "
-         "state (lather) | state (reference, packed) | full factors (reference) | full factors (lather) |\n";
-  out << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+         "state (lather) | state (reference, packed) | full factors (reference) | full factors (lather) | "
+         "allocations per steady / root step (heap, Kokkos) |\n";
+  out << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& s : sets())
     for (const std::int64_t dim : {256, 1024}) {
       const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
@@ -458,19 +498,22 @@ void write_summary(const std::string& path, int threads) {
       const double amortized = (99.0 * st->seconds + rt->seconds) / 100.0;
       std::snprintf(buf, sizeof buf,
                     "| %s | %lld | %.1f ms | %.2f GFLOP | %.1f | %.0f%% | %.0f ms | %.1f ms | %.1f MB | %.1f "
-                    "MB | %.1f MB | %.1f MB |\n",
+                    "MB | %.1f MB | %.1f MB | %.0f, %.0f / %.0f, %.0f |\n",
                     s.name.c_str(), static_cast<long long>(dim), st->seconds * 1e3, st->flops * 1e-9,
                     rate * 1e-9, gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0, rt->seconds * 1e3,
                     amortized * 1e3, st->bytes * 1e-6, st->ref_packed * 1e-6, st->ref_full * 1e-6,
-                    fs ? fs->bytes * 1e-6 : 0.0);
+                    fs ? fs->bytes * 1e-6 : 0.0, st->heap_allocations, st->kokkos_allocations,
+                    rt->heap_allocations, rt->kokkos_allocations);
       out << buf;
     }
-  out << "\n| set | AdamW step | GB/s | of triad |\n| --- | ---: | ---: | ---: |\n";
+  out << "\n| set | AdamW step | GB/s | of triad | allocations per step (heap, Kokkos) |\n";
+  out << "| --- | ---: | ---: | ---: | ---: |\n";
   for (const auto& s : sets())
     if (const Result* a = find("adamw/" + s.name)) {
       const double bw = a->bytes / a->seconds;
-      std::snprintf(buf, sizeof buf, "| %s | %.2f ms | %.1f | %.0f%% |\n", s.name.c_str(), a->seconds * 1e3,
-                    bw * 1e-9, tri ? 100.0 * bw / (tri->bytes / tri->seconds) : 0.0);
+      std::snprintf(buf, sizeof buf, "| %s | %.2f ms | %.1f | %.0f%% | %.0f, %.0f |\n", s.name.c_str(),
+                    a->seconds * 1e3, bw * 1e-9, tri ? 100.0 * bw / (tri->bytes / tri->seconds) : 0.0,
+                    a->heap_allocations, a->kokkos_allocations);
       out << buf;
     }
   out << "\n| n | syevd float | eigen root inverse float | ratio | coupled Newton float | syevd double | "
@@ -497,6 +540,23 @@ void write_summary(const std::string& path, int threads) {
 }
 
 }  // namespace
+
+// Counting replacements of the global allocation functions (the aligned and nothrow forms are
+// not used on a step's path; they keep the default behavior). GCC 12 sees free() after an
+// inlined new-expression and warns of a mismatch; these functions are that pair.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void* operator new(std::size_t n) {
+  if (g_counting.load(std::memory_order_relaxed)) g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard guard(argc, argv);
