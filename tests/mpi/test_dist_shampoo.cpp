@@ -90,6 +90,18 @@ TEST_CASE_TEMPLATE_DEFINE("DDP Shampoo is bitwise identical to one process for e
   check_ddp_bitwise<ExecSpace, lather::EigenRootInverse>(m, d, {}, lather::AdamGrafting{});
   d.cost_model = lather::PolynomialComputationalCostModel{{0.0, 0.0, 0.0, 1.0}, 10.0};
   check_ddp_bitwise<ExecSpace, lather::EigenRootInverse>(m, d, {}, lather::AdamGrafting{});
+  // Staggered amortized computations (every frequency-th block per step, over all ranks' blocks):
+  // still bitwise one process, with and without communicate_params, a root step on every step.
+  auto st = o;
+  st.stagger_amortized_computations = true;
+  st.precondition_frequency = 3;
+  st.start_preconditioning_step = 3;
+  for (bool params : {false, true}) {
+    lather::ShampooDistributedOptions ds;
+    ds.mode = lather::ShampooDistributionMode::ddp;
+    ds.communicate_params = params;
+    check_ddp_bitwise<ExecSpace, lather::EigenRootInverse>(st, ds, {}, lather::AdamGrafting{}, 9);
+  }
   // Iterate averaging (Schedule-Free, GPA) through the all-gather, including train()/eval().
   for (auto avg : {lather::IterateAveraging::schedule_free, lather::IterateAveraging::generalized_primal_averaging}) {
     auto s = o;

@@ -52,7 +52,18 @@ TEST_CASE("replay: the .npy reader checks every size before allocating") {
   CHECK_THROWS_WITH_AS(
       replay::parse_npy<double>(
           npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }", 16), "o"),
+      Contains("too large to address"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(
+      replay::parse_npy<double>(npy("{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }", 16), "m"),
       Contains("describes far more"), std::runtime_error);
+  // Empty (a zero extent) but with the other extents' product past the address space: building the
+  // array would overflow its strides (fuzz_npy crash input, kept in the corpus as well).
+  CHECK_THROWS_WITH_AS(
+      replay::parse_npy<double>(
+          npy("{'descr': '<f8', 'fortran_order': False, 'shape': (2147483044068, 0, 728, 4, 728, 44294, 667297, 2, 79976), }",
+              0),
+          "e"),
+      Contains("too large to address"), std::runtime_error);
   CHECK_THROWS_WITH_AS(
       replay::parse_npy<double>(npy("{'descr': '<f8', 'fortran_order': False, 'shape': (99999999999999999999999,), }", 8), "d"),
       Contains("too large"), std::runtime_error);

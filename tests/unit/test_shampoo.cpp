@@ -20,6 +20,7 @@
 #include "test_utils.hpp"
 
 #include <cmath>
+#include <utility>
 #include <limits>
 #include <vector>
 
@@ -284,6 +285,132 @@ void impl_test_resume() {
   CHECK_THROWS_WITH_AS(c.load_state_dict(bad), Contains("factor_matrices.0' must be a 4x4 packed (upper-triangle) matrix"),
                        lather::invalid_argument);
   CHECK(c.state_dict() == before);
+}
+
+// Staggered amortized computations: each block recomputes on its own steps, a block at offset
+// 0 follows the unstaggered schedule bit for bit, the others' inverse roots are those of their
+// factors at their own steps, F = 1 changes nothing, and a staggered run resumes bit-identically.
+template <class ExecSpace>
+void impl_test_stagger() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  using Opt = lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<double>>;
+  // w (6, 3) at block size 3: blocks 0, 1 (rows 0-2, 3-5); b (3,): block 2. F = 3: offsets 0, 1, 2.
+  lather::ShampooOptions o{.lr = 0.01, .betas = {0.9, 0.999}, .epsilon = 1e-6, .max_preconditioner_dim = 3,
+                           .precondition_frequency = 3, .start_preconditioning_step = 3, .use_symmetric_packing = false};
+  auto grads_for = [](int t, Kokkos::View<double**, M> g, Kokkos::View<double*, M> gb) {
+    lather::test::from_host(lather::tensor_ref(g), lather::test::random_values(18, 700 + t));
+    lather::test::from_host(lather::tensor_ref(gb), lather::test::random_values(3, 800 + t));
+  };
+  Kokkos::View<double**, M> g("g", 6, 3);
+  Kokkos::View<double*, M> gb("gb", 3);
+  auto make = [](Kokkos::View<double**, M>& w, Kokkos::View<double*, M>& b) {
+    w = Kokkos::View<double**, M>("w", 6, 3);
+    b = Kokkos::View<double*, M>("b", 3);
+    std::vector<P> p{lather::tensor_ref(w), lather::tensor_ref(b)};
+    lather::test::from_host(p[0], lather::test::random_values(18, 1));
+    lather::test::from_host(p[1], lather::test::random_values(3, 2));
+    return p;
+  };
+  Kokkos::View<double**, M> ws, wu, w1, w2;
+  Kokkos::View<double*, M> bs, bu, b1, b2;
+  auto ps = make(ws, bs), pu = make(wu, bu);
+  lather::ShampooOptions os = o;
+  os.stagger_amortized_computations = true;
+  Opt staggered(ps, os, {}, {.epsilon = 1e-8}), plain(pu, o, {}, {.epsilon = 1e-8});
+  // (parameter, block) of each ordinal, and each block's inverse factors before the step.
+  const std::pair<std::size_t, std::size_t> blocks[3] = {{0, 0}, {0, 1}, {1, 0}};
+  auto inverses = [&](const Opt& opt, int n) {
+    std::vector<double> v;
+    const auto [i, b] = blocks[n];
+    const std::size_t order = i == 0 ? 2 : 1;
+    for (std::size_t k = 0; k < order; ++k) {
+      const auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt.inverse_factor_matrix(i, b, k));
+      for (std::size_t r = 0; r < m.extent(0); ++r)
+        for (std::size_t c = 0; c < m.extent(1); ++c) v.push_back(m(r, c));
+    }
+    return v;
+  };
+  lather::StateDict saved;
+  std::vector<double> saved_w, saved_b;
+  for (int t = 1; t <= 10; ++t) {
+    if (t == 6) {
+      saved = staggered.state_dict();
+      saved_w = lather::test::to_host(ps[0]);
+      saved_b = lather::test::to_host(ps[1]);
+    }
+    std::vector<double> before[3];
+    for (int n = 0; n < 3; ++n) before[n] = inverses(staggered, n);
+    grads_for(t, g, gb);
+    staggered.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g), lather::tensor_ref(gb)});
+    plain.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g), lather::tensor_ref(gb)});
+    for (int n = 0; n < 3; ++n) {
+      CAPTURE(t);
+      CAPTURE(n);
+      const bool scheduled = t == 3 || (t > 3 && t % 3 == n);
+      CHECK((inverses(staggered, n) != before[n]) == scheduled);
+      if (scheduled) {
+        // The inverse roots are those of this step's factors: recompute them independently.
+        const auto [i, b] = blocks[n];
+        const std::size_t order = i == 0 ? 2 : 1;
+        std::vector<double> expected;
+        for (std::size_t k = 0; k < order; ++k) {
+          const auto f = staggered.factor_matrix(i, b, k);
+          const std::size_t d = f.extent(0);
+          const double bc2 = 1.0 - std::pow(0.999, t);
+          Kokkos::View<double**, Kokkos::LayoutRight, M> a("a", d, d), x("x", d, d);
+          auto fh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f);
+          auto ah = Kokkos::create_mirror_view(a);
+          for (std::size_t r = 0; r < d; ++r)
+            for (std::size_t c = 0; c < d; ++c) ah(r, c) = fh(r, c) / bc2;
+          Kokkos::deep_copy(a, ah);
+          REQUIRE(lather::EigenRootInverse{}.compute(ExecSpace(), Kokkos::View<const double**, Kokkos::LayoutRight, M>(a),
+                                                     2.0 * static_cast<double>(order), 1e-6, x) ==
+                  lather::RootInverseStatus::success);
+          const auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+          for (std::size_t r = 0; r < d; ++r)
+            for (std::size_t c = 0; c < d; ++c) expected.push_back(xh(r, c));
+        }
+        const auto got = inverses(staggered, n);
+        REQUIRE(got.size() == expected.size());
+        for (std::size_t q = 0; q < got.size(); ++q) CHECK(got[q] == doctest::Approx(expected[q]).epsilon(1e-12));
+      }
+    }
+    // Ordinal 0 keeps the unstaggered schedule: its inverse roots match the plain run's exactly.
+    CHECK(inverses(staggered, 0) == inverses(plain, 0));
+  }
+  // Resume from step 5's dictionary: bit-identical; the option is recorded and checked.
+  auto p2 = make(w2, b2);
+  lather::test::from_host(p2[0], saved_w);
+  lather::test::from_host(p2[1], saved_b);
+  Opt resumed(p2, os, {}, {.epsilon = 1e-8});
+  resumed.load_state_dict(saved);
+  for (int t = 6; t <= 10; ++t) {
+    grads_for(t, g, gb);
+    resumed.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g), lather::tensor_ref(gb)});
+  }
+  CHECK(lather::test::to_host(p2[0]) == lather::test::to_host(ps[0]));
+  CHECK(lather::test::to_host(p2[1]) == lather::test::to_host(ps[1]));
+  auto p1 = make(w1, b1);
+  Opt unstaggered(p1, o, {}, {.epsilon = 1e-8});
+  CHECK_THROWS_WITH_AS(unstaggered.load_state_dict(saved), Contains("stagger_amortized_computations"),
+                       lather::invalid_argument);
+  // F = 1: staggering is the plain schedule, bit for bit.
+  lather::ShampooOptions o1 = o, o1s = o;
+  o1.precondition_frequency = o1s.precondition_frequency = 1;
+  o1.start_preconditioning_step = o1s.start_preconditioning_step = 1;
+  o1s.stagger_amortized_computations = true;
+  Kokkos::View<double**, M> wa, wb;
+  Kokkos::View<double*, M> ba, bb;
+  auto pa = make(wa, ba), pb = make(wb, bb);
+  Opt one(pa, o1, {}, {.epsilon = 1e-8}), one_s(pb, o1s, {}, {.epsilon = 1e-8});
+  for (int t = 1; t <= 4; ++t) {
+    grads_for(t, g, gb);
+    one.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g), lather::tensor_ref(gb)});
+    one_s.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g), lather::tensor_ref(gb)});
+  }
+  CHECK(lather::test::to_host(pa[0]) == lather::test::to_host(pb[0]));
+  CHECK(lather::test::to_host(pa[1]) == lather::test::to_host(pb[1]));
 }
 
 // Errors: options, NaN gradients, an overflowing factor; nothing changes when a step throws.
@@ -563,6 +690,11 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: layouts, blocking, momentum", ExecSpace, sha
   impl_test_layouts_and_blocking<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_layouts, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: staggered amortized computations", ExecSpace, shampoo_stagger) {
+  impl_test_stagger<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_stagger, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo: restored runs continue bit-identically", ExecSpace, shampoo_resume) {
   impl_test_resume<ExecSpace>();

@@ -240,6 +240,15 @@ xt::xarray<T> parse_npy(std::string_view text, const std::string& name) {
   // A file shorter (or longer) than header + data is corrupt; checked before allocating.
   const std::size_t element = h.is_f4 ? 4 : 8;
   const std::size_t data = text.size() - header_end;
+  // An empty array (a zero extent) still gets strides from the other extents: their product must
+  // stay addressable, or building the array overflows (found by fuzz_npy: shape (2^41, 0, ...)).
+  std::size_t nonzero = 1;
+  for (const auto e : h.shape) {
+    if (e == 0) continue;
+    if (nonzero > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()) / element / e)
+      fail(name + ": the shape in its header is too large to address (corrupt .npy)");
+    nonzero *= e;
+  }
   std::size_t numel = 1;
   bool fits = true;
   for (const auto e : h.shape) {

@@ -9,6 +9,7 @@
 #include <lather/concepts/communicator.hpp>
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
+#include <lather/impl/label.hpp>
 #include <lather/traits/tensor_traits.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -64,7 +65,7 @@ class GradientAverager {
     const auto flat = m_flat;
     std::int64_t at = 0;
     for (const auto& t : g) {
-      Kokkos::parallel_for("lather::GradientAverager::pack", Range(space, 0, t.size()), impl::kernels::GradientPack<T, MemorySpace>{t, flat, at});
+      Kokkos::parallel_for(LATHER_LABEL("lather::GradientAverager::pack"), Range(space, 0, t.size()), impl::kernels::GradientPack<T, MemorySpace>{t, flat, at});
       at += t.size();
     }
     const auto used = Kokkos::subview(flat, std::make_pair(std::int64_t{0}, total));
@@ -72,7 +73,7 @@ class GradientAverager {
     const T scale = T(1) / static_cast<T>(comm.size());
     at = 0;
     for (const auto& t : g) {
-      Kokkos::parallel_for("lather::GradientAverager::unpack", Range(space, 0, t.size()), impl::kernels::GradientUnpack<T, MemorySpace>{t, flat, at, scale});
+      Kokkos::parallel_for(LATHER_LABEL("lather::GradientAverager::unpack"), Range(space, 0, t.size()), impl::kernels::GradientUnpack<T, MemorySpace>{t, flat, at, scale});
       at += t.size();
     }
     space.fence();

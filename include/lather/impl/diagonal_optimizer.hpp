@@ -119,7 +119,7 @@ class DiagonalOptimizer {
   template <std::ranges::random_access_range Grads>
     requires concepts::Tensor<std::ranges::range_value_t<Grads>>
   void step(const ExecSpace& space, const Grads& grads) {
-    Kokkos::Profiling::pushRegion(std::string("lather::") + Algorithm::name + "::step");
+    Kokkos::Profiling::pushRegion(step_label());
     using G = std::ranges::range_value_t<Grads>;
     using gtraits = traits_of<G>;
     static_assert(std::is_same_v<typename gtraits::value_type, value_type>,
@@ -127,7 +127,7 @@ class DiagonalOptimizer {
     static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename gtraits::memory_space>::accessible,
                   "lather: the execution space cannot access the gradients' memory space");
     const auto describe_param = [this](std::size_t i) { return describe(i); };
-    auto g = m_intake.convert(grads, m_params, describe_param);
+    auto& g = m_intake.convert(grads, m_params, describe_param);  // reused storage: no allocation
     if (m_check_finite &&
         m_intake.screen(space, g, m_params, describe_param,
                         "Skip this batch, lower the learning rate or add gradient clipping", m_nonfinite_policy)) {
@@ -352,6 +352,11 @@ class DiagonalOptimizer {
   }
 
  private:
+  // The profiling region's name, built once (a string built per step allocates).
+  static const std::string& step_label() {
+    static const std::string label = std::string("lather::") + Algorithm::name + "::step";
+    return label;
+  }
   static const char* dtype_name() { return std::is_same_v<value_type, float> ? "float32" : "float64"; }
   static std::string format_name() { return std::string("lather.") + Algorithm::name + ".v1"; }
   static std::string field_list() {

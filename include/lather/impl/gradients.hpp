@@ -9,14 +9,17 @@
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/label.hpp>
 #include <lather/optimizers/nonfinite.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <ranges>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +60,7 @@ class GradientIntake {
   GradientIntake() = default;
   GradientIntake(std::string optimizer, std::size_t num_params)
       : m_optimizer(std::move(optimizer)),
+        m_check_label("lather::" + m_optimizer + "::check_finite"),
         m_counts("lather::" + m_optimizer + "::nonfinite_counts", num_params),
         m_counts_host(Kokkos::create_mirror_view(m_counts)),
         m_skips(num_params, 0) {}
@@ -66,17 +70,29 @@ class GradientIntake {
 
   /// TensorRefs of `grads` (re-tagged with the parameters' memory space, which the execution
   /// space can also access), after checking their count and shapes. Throws before any change.
+  /// The result lives in this object (reused from step to step: no allocation after the first)
+  /// and stays valid until the next call.
   template <class Grads>
-  std::vector<grad_ref> convert(const Grads& grads, const std::vector<param_ref>& params,
-                                const std::function<std::string(std::size_t)>& describe) const {
+  std::vector<grad_ref>& convert(const Grads& grads, const std::vector<param_ref>& params,
+                                 const std::function<std::string(std::size_t)>& describe) {
     const std::size_t n = std::ranges::size(grads);
     LATHER_THROW_IF(n != params.size(), "lather::", m_optimizer, "::step: got ", n, " gradients for ",
                     params.size(), " parameters; pass one per parameter (an empty tensor for a parameter "
                     "without a gradient)");
-    std::vector<grad_ref> g(n);
+    std::vector<grad_ref>& g = m_converted;
+    g.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
       auto r = tensor_ref(grads[i]);
-      g[i] = grad_ref(r.data(), shape_of(r), strides_of(r));
+      LATHER_THROW_IF(r.rank() > max_tensor_rank, "lather::", m_optimizer, "::step: the gradient of ", describe(i),
+                      " has rank ", r.rank(), ", more than the supported ", max_tensor_rank);
+      std::array<std::int64_t, max_tensor_rank> shape{}, strides{};
+      for (int k = 0; k < r.rank(); ++k) {
+        shape[static_cast<std::size_t>(k)] = r.extent(k);
+        strides[static_cast<std::size_t>(k)] = r.stride(k);
+      }
+      const auto rank = static_cast<std::size_t>(r.rank());
+      g[i] = grad_ref(r.data(), std::span<const std::int64_t>(shape.data(), rank),
+                      std::span<const std::int64_t>(strides.data(), rank));
       if (!has_gradient(g[i], params[i])) continue;
       LATHER_THROW_IF(!g[i].same_shape(params[i]), "lather::", m_optimizer, "::step: ", describe(i),
                       " has shape ", params[i].shape_string(), " but its gradient has shape ", g[i].shape_string(),
@@ -96,7 +112,8 @@ class GradientIntake {
               const std::function<void(std::vector<std::int64_t>&)>& combine = {}) {
     count_nonfinite(space, g, params);
     if (combine) {
-      std::vector<std::int64_t> counts(g.size());
+      std::vector<std::int64_t>& counts = m_combined;
+      counts.resize(g.size());
       for (std::size_t i = 0; i < g.size(); ++i) counts[i] = m_counts_host(i);
       combine(counts);
       for (std::size_t i = 0; i < g.size(); ++i) m_counts_host(i) = counts[i];
@@ -139,14 +156,15 @@ class GradientIntake {
  private:
   // A gradient that overlaps another gradient or any parameter is a caller bug that would
   // silently corrupt the step (the update reads the gradient while writing parameters/state).
+  struct Range {
+    std::uintptr_t first, last;
+    std::size_t index;
+    bool is_grad;
+  };
   void check_aliasing(const std::vector<grad_ref>& g, const std::vector<param_ref>& params,
-                      const std::function<std::string(std::size_t)>& describe) const {
-    struct Range {
-      std::uintptr_t first, last;
-      std::size_t index;
-      bool is_grad;
-    };
-    std::vector<Range> r;
+                      const std::function<std::string(std::size_t)>& describe) {
+    std::vector<Range>& r = m_ranges;  // reused: no allocation after the first step
+    r.clear();
     r.reserve(2 * g.size());
     for (std::size_t i = 0; i < g.size(); ++i) {
       const auto [gf, gl] = byte_range(g[i]);
@@ -154,7 +172,10 @@ class GradientIntake {
       const auto [pf, pl] = byte_range(params[i]);
       if (pf != pl) r.push_back({pf, pl, i, false});
     }
-    std::sort(r.begin(), r.end(), [](const Range& a, const Range& b) { return a.first < b.first; });
+    // Insertion sort: std::sort may allocate nothing either, but the ranges arrive nearly sorted
+    // (parameters and gradients are usually allocated in order) and n is small.
+    for (std::size_t k = 1; k < r.size(); ++k)
+      for (std::size_t j = k; j > 0 && r[j].first < r[j - 1].first; --j) std::swap(r[j], r[j - 1]);
     // Sweep: compare each range with the open one that reaches furthest.
     std::size_t open = 0;
     for (std::size_t k = 1; k < r.size(); ++k) {
@@ -170,10 +191,14 @@ class GradientIntake {
   }
 
   void count_nonfinite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params) {
-    Kokkos::deep_copy(space, m_counts, 0);
+    // A kernel, not deep_copy(space, view, 0): Kokkos 3.4's scalar fill allocates a label.
+    Kokkos::parallel_for(LATHER_LABEL("lather::GradientIntake::zero_counts"),
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                             space, 0, static_cast<std::int64_t>(m_counts.extent(0))),
+                         kernels::ZeroCounts<MemorySpace>{m_counts});
     for (std::size_t i = 0; i < g.size(); ++i) {
       if (!has_gradient(g[i], params[i]) || g[i].size() == 0) continue;
-      Kokkos::parallel_for("lather::" + m_optimizer + "::check_finite",
+      Kokkos::parallel_for(m_check_label,
                            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, g[i].size()),
                            kernels::CountNonFinite<T, MemorySpace>{g[i], m_counts, i});
     }
@@ -182,6 +207,10 @@ class GradientIntake {
   }
 
   std::string m_optimizer;
+  std::string m_check_label;  // built once: a label built per launch allocates
+  std::vector<grad_ref> m_converted;
+  std::vector<Range> m_ranges;
+  std::vector<std::int64_t> m_combined;
   Kokkos::View<std::int64_t*, MemorySpace> m_counts;
   // `auto`-typed mirror: View::HostMirror is deprecated in Kokkos 5.
   decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, MemorySpace>>())) m_counts_host;

@@ -27,6 +27,7 @@
 #define LATHER_IMPL_QUANTIZATION_HPP
 
 #include <lather/error.hpp>
+#include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -199,7 +200,7 @@ void quantize(const ExecSpace& space, const T* values, const Kokkos::View<std::u
                                                   block_size);
   if (n == 0) return;
   Kokkos::parallel_for(
-      "lather::quant::quantize",
+      LATHER_LABEL("lather::quant::quantize"),
       Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(num_blocks(n, block_size)), Kokkos::AUTO),
       detail::QuantizeBlocks<T, MemorySpace, ExecSpace>{values, n, block_size, codes, absmax, map});
 }
@@ -227,7 +228,7 @@ void dequantize(
   detail::check_arguments<ExecSpace, MemorySpace>("dequantize", n,
                                                   static_cast<std::int64_t>(absmax.extent(0)), block_size);
   if (n == 0) return;
-  Kokkos::parallel_for("lather::quant::dequantize",
+  Kokkos::parallel_for(LATHER_LABEL("lather::quant::dequantize"),
                        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
                        detail::DequantizeElements<T, MemorySpace>{codes, absmax, map, block_size, out});
 }

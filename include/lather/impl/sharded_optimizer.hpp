@@ -185,14 +185,15 @@ class ShardedOptimizer {
   template <std::ranges::random_access_range Grads>
     requires concepts::Tensor<std::ranges::range_value_t<Grads>>
   void step(const ExecSpace& space, const Grads& grads) {
-    Kokkos::Profiling::pushRegion(std::string("lather::") + Algorithm::name + "::step");
+    static const std::string region = std::string("lather::") + Algorithm::name + "::step";  // built once
+    Kokkos::Profiling::pushRegion(region);
     using G = std::ranges::range_value_t<Grads>;
     static_assert(std::is_same_v<typename traits_of<G>::value_type, value_type>,
                   "lather: gradient value_type must equal the parameters' value_type");
     static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename traits_of<G>::memory_space>::accessible,
                   "lather: the execution space cannot access the gradients' memory space");
     const auto describe_param = [this](std::size_t i) { return describe(i); };
-    auto g = m_intake.convert(grads, m_params, describe_param);
+    auto& g = m_intake.convert(grads, m_params, describe_param);
     check_presence(g);
     if (m_check_finite &&
         m_intake.screen(space, g, m_params, describe_param,

@@ -6,6 +6,7 @@
 
 #include <lather/impl/diagonal_optimizer.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/label.hpp>
 
 #include <array>
 
@@ -53,7 +54,7 @@ struct AdagradAlgorithm {
                      const TensorRef<T, M>& p, const TensorRef<const T, M>& g) {
     const double clr = o.lr / (1.0 + static_cast<double>(s.step - 1) * o.lr_decay);
     kernels::AdagradStep<T, M> k{p, g, s.fields[0], T(clr), T(o.weight_decay), T(o.eps), o.maximize};
-    Kokkos::parallel_for("lather::Adagrad::step",
+    Kokkos::parallel_for(LATHER_LABEL("lather::Adagrad::step"),
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()),
                          k);
   }

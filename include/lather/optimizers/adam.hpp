@@ -7,9 +7,11 @@
 
 #include <lather/impl/diagonal_optimizer.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/label.hpp>
 
 #include <array>
 #include <cmath>
+#include <type_traits>
 
 namespace lather {
 
@@ -73,14 +75,18 @@ struct AdamAlgorithm {
     const double t = static_cast<double>(s.step);
     const double bias_correction1 = 1.0 - std::pow(o.betas[0], t);
     const double bias_correction2 = 1.0 - std::pow(o.betas[1], t);
-    kernels::AdamStep<T, M> k{p, g, s.fields[0], s.fields[1], s.fields[2],
-                              T(o.betas[0]), T(1.0 - o.betas[0]), T(o.betas[1]), T(1.0 - o.betas[1]),
-                              T(Decoupled ? 0.0 : o.weight_decay), T(1.0 - o.lr * o.weight_decay),
-                              T(o.lr / bias_correction1), T(std::sqrt(bias_correction2)), T(o.eps),
-                              o.amsgrad, o.maximize, Decoupled && o.weight_decay != 0.0};
-    Kokkos::parallel_for(Decoupled ? "lather::AdamW::step" : "lather::Adam::step",
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()),
-                         k);
+    const auto launch = [&](auto contiguous) {
+      kernels::AdamStep<T, M, decltype(contiguous)::value> k{
+          p, g, s.fields[0], s.fields[1], s.fields[2],
+          T(o.betas[0]), T(1.0 - o.betas[0]), T(o.betas[1]), T(1.0 - o.betas[1]),
+          T(Decoupled ? 0.0 : o.weight_decay), T(1.0 - o.lr * o.weight_decay),
+          T(o.lr / bias_correction1), T(std::sqrt(bias_correction2)), T(o.eps),
+          o.amsgrad, o.maximize, Decoupled && o.weight_decay != 0.0};
+      Kokkos::parallel_for(Decoupled ? LATHER_LABEL("lather::AdamW::step") : LATHER_LABEL("lather::Adam::step"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()), k);
+    };
+    if (p.is_row_major_contiguous() && g.is_row_major_contiguous()) launch(std::true_type{});
+    else launch(std::false_type{});
   }
 };
 }  // namespace impl

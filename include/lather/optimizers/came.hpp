@@ -15,6 +15,7 @@
 #define LATHER_OPTIMIZERS_CAME_HPP
 
 #include <lather/impl/factored_statistics.hpp>
+#include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/impl/sharded_optimizer.hpp>
 
@@ -197,7 +198,7 @@ struct CameAlgorithm {
       auto& s = ctx.states[i];
       clip[k] = static_cast<T>(
           std::max(1.0, factored::rms(scalars.host(update_sq[k]), s.geo.global_numel) / o.clip_threshold));
-      Kokkos::parallel_for("lather::CAME::exp_avg", Range(ctx.space, 0, s.geo.valid()),
+      Kokkos::parallel_for(LATHER_LABEL("lather::CAME::exp_avg"), Range(ctx.space, 0, s.geo.valid()),
                            kernels::CameMoment<T, M>{dirs[k], s.exp_avg, clip[k], static_cast<T>(o.betas[0]),
                                                      static_cast<T>(1.0 - o.betas[0])});
       if (s.geo.factored)
@@ -210,7 +211,7 @@ struct CameAlgorithm {
       const std::size_t i = ctx.active[k];
       const CAMEOptions& o = *ctx.options[i];
       auto& s = ctx.states[i];
-      Kokkos::parallel_for("lather::CAME::apply", Range(ctx.space, 0, s.geo.valid()),
+      Kokkos::parallel_for(LATHER_LABEL("lather::CAME::apply"), Range(ctx.space, 0, s.geo.valid()),
                            kernels::CameApply<T, M>{ctx.params[i], s.exp_avg, s.geo.factored,
                                                     factored::FlatIndex::of(s.geo), s.res.row_factor,
                                                     s.res.col_factor, static_cast<T>(o.lr),

@@ -17,6 +17,7 @@
 
 #include <lather/impl/backends/svd_host.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/impl/quantization.hpp>
 #include <lather/impl/sharded_optimizer.hpp>
@@ -641,10 +642,10 @@ struct GaLoreAlgorithm {
       kernels::GaLoreAdam8bit<T, M, ExecSpace, IO> f{io, st.exp_avg_codes, st.exp_avg_sq_codes, st.exp_avg_absmax,
                                                      st.exp_avg_sq_absmax, st.signed_map, st.unsigned_map,
                                                      n, st.geo.block_size, b1, omb1, b2, omb2, eps};
-      Kokkos::parallel_for("lather::GaLoreAdamW::adam8bit",
+      Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::adam8bit"),
                            Kokkos::TeamPolicy<ExecSpace>(ctx.space, static_cast<int>(st.geo.blocks), Kokkos::AUTO), f);
     } else {
-      Kokkos::parallel_for("lather::GaLoreAdamW::adam",
+      Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::adam"),
                            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(ctx.space, 0, n),
                            kernels::GaLoreAdam<T, M, IO>{io, st.exp_avg, st.exp_avg_sq, b1, omb1, b2, omb2, eps});
     }
@@ -676,11 +677,11 @@ struct GaLoreAlgorithm {
       using Right = kernels::GaLoreProjectRight<T, M>;
       using Left = kernels::GaLoreProjectLeft<T, M>;
       if (L.right)
-        Kokkos::parallel_for("lather::GaLoreAdamW::project_right", Policy(ctx.space, 0, Right::items(g.ml, r)),
+        Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::project_right"), Policy(ctx.space, 0, Right::items(g.ml, r)),
                              Right{ctx.grads[i], st.projector, st.col_map, st.lowrank, r, L.cols, g.nl, g.begin, g.end,
                                    g.col_off, g.cols_contiguous});
       else
-        Kokkos::parallel_for("lather::GaLoreAdamW::project_left", Policy(ctx.space, 0, Left::items(g.nl, r)),
+        Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::project_left"), Policy(ctx.space, 0, Left::items(g.nl, r)),
                              Left{ctx.grads[i], st.projector, st.lowrank, r, g.ml, g.nl, g.begin, g.end, g.row_off});
     }
     // 2. Sum over the groups that split the contracted dimension: this rank's slice of R.
@@ -692,7 +693,7 @@ struct GaLoreAlgorithm {
     using Back = kernels::GaLoreBackProject<T, M>;
     const std::int64_t items = Back::items(g.begin, g.end, g.nl);
     if (items > 0)
-      Kokkos::parallel_for("lather::GaLoreAdamW::project_back", Policy(ctx.space, 0, items),
+      Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::project_back"), Policy(ctx.space, 0, items),
                            Back{ctx.params[i], st.lowrank, st.projector, st.col_map, r, L.cols, g.nl, g.begin, g.end,
                                 g.row_off, g.col_off, L.right, g.cols_contiguous, o.weight_decay > 0.0,
                                 static_cast<T>(o.scale), -step_size<T>(o, ctx.steps[i]),
@@ -714,7 +715,7 @@ struct GaLoreAlgorithm {
     Kokkos::View<T*, M> packed(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::GaLoreAdamW::packed"),
                                static_cast<std::size_t>(valid));
     if (valid > 0)
-      Kokkos::parallel_for("lather::GaLoreAdamW::pack",
+      Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::pack"),
                            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(ctx.space, 0, valid),
                            kernels::GaLorePack<T, M>{ctx.grads[i], packed});
     ctx.space.fence();

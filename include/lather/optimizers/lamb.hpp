@@ -6,6 +6,7 @@
 #ifndef LATHER_OPTIMIZERS_LAMB_HPP
 #define LATHER_OPTIMIZERS_LAMB_HPP
 
+#include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/impl/sharded_optimizer.hpp>
 
@@ -159,9 +160,9 @@ struct LambAlgorithm {
       const std::int64_t valid = ctx.shardings[i].valid_numel();
       if (!owner(ctx, i)) continue;  // a replicated piece is counted by one rank of its group
       double g2 = 0, w2 = 0;
-      Kokkos::parallel_reduce("lather::LAMB::grad_norm", Policy(ctx.space, 0, valid),
+      Kokkos::parallel_reduce(LATHER_LABEL("lather::LAMB::grad_norm"), Policy(ctx.space, 0, valid),
                               kernels::TensorSumSquares<T, typename Ctx::memory_space_type>{ctx.grads[i]}, g2);
-      Kokkos::parallel_reduce("lather::LAMB::param_norm", Policy(ctx.space, 0, valid),
+      Kokkos::parallel_reduce(LATHER_LABEL("lather::LAMB::param_norm"), Policy(ctx.space, 0, valid),
                               kernels::TensorSumSquares<T, typename Ctx::memory_space_type>{TensorRef<const T, typename Ctx::memory_space_type>(ctx.params[i])}, w2);
       r1(0) += g2;
       r1(k + 1) = w2;
@@ -188,7 +189,7 @@ struct LambAlgorithm {
           ctx.grads[i], ctx.params[i], s.exp_avg, s.exp_avg_sq, T(clip), T(l2 ? o.weight_decay : 0.0),
           T(o.betas[0]), T(beta3), T(o.betas[1]), T(1.0 - o.betas[1]), dirs[k]};
       double u2 = 0;
-      Kokkos::parallel_reduce("lather::LAMB::moments", Policy(ctx.space, 0, ctx.shardings[i].valid_numel()), f, u2);
+      Kokkos::parallel_reduce(LATHER_LABEL("lather::LAMB::moments"), Policy(ctx.space, 0, ctx.shardings[i].valid_numel()), f, u2);
       r2(k) = owner(ctx, i) ? u2 : 0.0;
     }
     ctx.all_reduce_host(r2);
@@ -207,7 +208,7 @@ struct LambAlgorithm {
         ratio = s * (w_norm > 0 && u_norm > 0 ? w_norm / u_norm : 1.0);
       }
       auto& s = ctx.states[i];
-      Kokkos::parallel_for("lather::LAMB::apply", Policy(ctx.space, 0, ctx.shardings[i].valid_numel()),
+      Kokkos::parallel_for(LATHER_LABEL("lather::LAMB::apply"), Policy(ctx.space, 0, ctx.shardings[i].valid_numel()),
                            kernels::LambApply<T, typename Ctx::memory_space_type>{ctx.params[i], s.exp_avg,
                                                                                   s.exp_avg_sq, T(ratio), dirs[k]});
     }

@@ -6,6 +6,7 @@
 
 #include <lather/impl/diagonal_optimizer.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/label.hpp>
 
 #include <array>
 
@@ -55,7 +56,7 @@ struct RmspropAlgorithm {
     kernels::RmspropStep<T, M> k{p, g, s.fields[0], s.fields[1], s.fields[2], T(o.lr), T(o.alpha),
                                  T(1.0 - o.alpha), T(o.eps), T(o.weight_decay), T(o.momentum),
                                  o.centered, o.momentum > 0, o.maximize};
-    Kokkos::parallel_for("lather::RMSprop::step",
+    Kokkos::parallel_for(LATHER_LABEL("lather::RMSprop::step"),
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()),
                          k);
   }

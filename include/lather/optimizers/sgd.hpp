@@ -6,6 +6,7 @@
 
 #include <lather/impl/diagonal_optimizer.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/label.hpp>
 
 #include <array>
 
@@ -54,7 +55,7 @@ struct SgdAlgorithm {
     kernels::SgdStep<T, M> k{p, g, s.fields[0], T(o.lr), T(o.weight_decay), T(o.momentum),
                              T(1.0 - o.dampening), o.nesterov, o.maximize, use_momentum,
                              use_momentum && !s.present[0]};
-    Kokkos::parallel_for("lather::SGD::step",
+    Kokkos::parallel_for(LATHER_LABEL("lather::SGD::step"),
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()),
                          k);
     if (use_momentum) s.present[0] = true;

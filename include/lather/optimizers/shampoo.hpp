@@ -21,10 +21,13 @@
 #include <lather/distributed/shampoo_distribution.hpp>
 #include <lather/grafting/grafting.hpp>
 #include <lather/impl/agreement.hpp>
+#include <lather/impl/backends/blas.hpp>
 #include <lather/impl/gradients.hpp>
 #include <lather/impl/kernels/distributed.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/matrix_functions.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
+#include <lather/impl/label.hpp>
 #include <lather/impl/option_check.hpp>
 #include <lather/io/checkpoint.hpp>
 #include <lather/io/state_dict.hpp>
@@ -37,6 +40,7 @@
 #include <Kokkos_Core.hpp>
 #include <KokkosBlas3_gemm.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -110,6 +114,14 @@ struct ShampooOptions {
   /// Store each factor and inverse factor as its row-major upper triangle, d (d + 1) / 2 values
   /// (the reference's default; state-dict tensors are then 1-D).
   bool use_symmetric_packing = true;
+  /// Spread the amortized computations (root inverses, eigenbases) of the blocks over the
+  /// `precondition_frequency` steps instead of computing all of them on the same step: block n
+  /// (in the global order: parameters in order, blocks in order) recomputes on the steps t >
+  /// start with t % precondition_frequency == n % precondition_frequency (block 0 keeps the
+  /// unstaggered schedule); every block still computes on the start step itself. Removes the
+  /// step-time spikes of amortized steps; off by default because it changes the numbers (not in
+  /// the reference).
+  bool stagger_amortized_computations = false;
 
   /// The start step after the -1 rule.
   [[nodiscard]] std::int64_t start_step() const {
@@ -151,6 +163,7 @@ struct ShampooBlockState {
   std::vector<std::int64_t> extent;
   std::int64_t begin = 0;  ///< in the parameter's (or piece's) state buffers, which hold this rank's blocks only
   std::size_t id = 0;      ///< the block's index in the parameter's (or piece's) layout
+  std::int64_t ordinal = 0;  ///< its index over every piece's layout blocks (the staggering order)
   std::vector<ShampooFactorState<F, Finv, MemorySpace>> factors;
   int consecutive_failures = 0;
   std::int64_t failed_amortized_computations = 0;  ///< total, for monitoring
@@ -313,22 +326,28 @@ class Shampoo {
     using G = std::ranges::range_value_t<Grads>;
     LATHER_THROW_RUNTIME_IF(!m_train, "lather::Shampoo::step: the optimizer is in eval mode (iterate averaging: "
                             "the parameters hold the averaged iterate x); call train() before step(); nothing was changed");
-    Kokkos::Profiling::pushRegion("lather::Shampoo::step");
+    Kokkos::Profiling::pushRegion(LATHER_LABEL("lather::Shampoo::step"));
     static_assert(std::is_same_v<typename impl::traits_of<G>::value_type, value_type>,
                   "lather::Shampoo: gradient value_type must equal the parameters' value_type");
     static_assert(
         Kokkos::SpaceAccessibility<ExecSpace, typename impl::traits_of<G>::memory_space>::accessible,
         "lather::Shampoo: the execution space cannot access the gradients' memory space");
-    std::vector<tensor_type> params(m_users.size());
-    for (std::size_t i = 0; i < m_users.size(); ++i) params[i] = m_users[i].param;
+    // Buffers of the step live in the optimizer and are reused: a steady step allocates nothing
+    // on the host after the first (docs/performance.md; tests/unit/test_host_blas.cpp).
+    std::vector<tensor_type>& params = m_user_params;
+    if (params.size() != m_users.size()) {
+      params.resize(m_users.size());
+      for (std::size_t i = 0; i < m_users.size(); ++i) params[i] = m_users[i].param;
+    }
     const auto describe_param = [this](std::size_t i) { return describe(i); };
-    std::vector<TensorRef<const value_type, memory_space>> g;
+    std::vector<TensorRef<const value_type, memory_space>>* converted = nullptr;
     try {
-      g = m_intake.convert(grads, params, describe_param);
+      converted = &m_intake.convert(grads, params, describe_param);
     } catch (...) {
       Kokkos::Profiling::popRegion();
       throw;
     }
+    auto& g = *converted;
     if (exchanges()) agree_on_presence(space, g);  // before anything else that could differ
     // Always checked: a NaN/Inf gradient would poison the factor matrices for good. In DDP and
     // HSDP the counts are summed over the group first, so every rank takes the same decision.
@@ -339,11 +358,12 @@ class Shampoo {
       Kokkos::Profiling::popRegion();
       return;  // NonFinitePolicy::skip_step: nothing changes, step counters included
     }
-    const auto pieces = piece_gradients(g);
+    const auto& pieces = piece_gradients(g);
 
     // Step counters advance for every group (as the reference does, with or without gradients);
     // so does Schedule-Free's sum of lr^p.
-    std::vector<double> lr_sums;
+    std::vector<double>& lr_sums = m_lr_sums_before;
+    lr_sums.clear();
     for (auto& grp : m_groups) {
       lr_sums.push_back(grp.lr_sum);
       grp.step += 1;
@@ -649,6 +669,12 @@ class Shampoo {
                         option_string(want), "; construct it with the checkpoint's options (only 'lr' and 'peak_lr' "
                         "are restored); nothing was changed");
       }
+      // Recorded only when on (see recorded_options): its presence alone must match too.
+      LATHER_THROW_IF(!m_groups[g].options.stagger_amortized_computations &&
+                          d.tensors.count(key + "stagger_amortized_computations") != 0,
+                      "lather::Shampoo::load_state_dict: the dictionary was saved with option "
+                      "'stagger_amortized_computations' = 1 in parameter group ", g,
+                      ", this optimizer has 0; construct it with the checkpoint's options; nothing was changed");
     }
     struct Pending {
       const StateTensor* t;
@@ -772,6 +798,7 @@ class Shampoo {
     std::int64_t offset = 0;        // sharded: where the piece starts in the rank's flat range
     std::size_t block_offset = 0;   // blocks of the user parameter's earlier pieces
     BlockLayout layout;
+    std::int64_t ordinal_base = 0;  // blocks of the earlier pieces' layouts (staggering order)
     std::vector<int> owner;         // per block of the layout: the DDP rank that owns it
     std::vector<int> local_of;      // per block of the layout: its index in `blocks`, -1 elsewhere
     std::int64_t local_numel = 0;   // elements of this rank's blocks
@@ -938,6 +965,8 @@ class Shampoo {
     auto& p = m_params[idx];
     const auto& o = m_groups[p.group].options;
     const std::size_t nb = p.layout.blocks.size();
+    p.ordinal_base = 0;
+    for (std::size_t j = 0; j < idx; ++j) p.ordinal_base += static_cast<std::int64_t>(m_params[j].layout.blocks.size());
     p.local_of.assign(nb, -1);
     if (p.param.size() == 0) return;  // zero-size parameters are skipped entirely
     const auto& merged = p.layout.merged_shape;
@@ -979,6 +1008,7 @@ class Shampoo {
       blk.extent = p.layout.blocks[b].extent;
       blk.begin = begins[b];
       blk.id = b;
+      blk.ordinal = p.ordinal_base + static_cast<std::int64_t>(b);
       p.backup.emplace_back();
       p.result.emplace_back();
       p.pending_q.emplace_back(static_cast<std::size_t>(order));
@@ -1013,7 +1043,7 @@ class Shampoo {
           using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
           if constexpr (kind != PreconditionerKind::eigenvalue_corrected) {
             f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", stored);
-            Kokkos::parallel_for("lather::Shampoo::identity", MD({0, 0}, {f.dim, f.dim}),
+            Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::identity"), MD({0, 0}, {f.dim, f.dim}),
                                  impl::kernels::SetIdentity<inverse_factor_type>{f.inverse_storage()});
             p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
           } else {
@@ -1022,7 +1052,7 @@ class Shampoo {
           if constexpr (kind == PreconditionerKind::eigenvalue_corrected || kind == PreconditionerKind::eigendecomposed) {
             // Q = I and lambda = 1 until the first amortized step (the reference's initial state).
             f.eigenvectors = decltype(f.eigenvectors)("lather::Shampoo::factor_matrix_eigenvectors", dk * dk);
-            Kokkos::parallel_for("lather::Shampoo::identity", MD({0, 0}, {f.dim, f.dim}),
+            Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::identity"), MD({0, 0}, {f.dim, f.dim}),
                                  impl::kernels::SetIdentity<inverse_factor_type>{{f.eigenvectors.data(), f.dim, false}});
           }
           if constexpr (kind == PreconditionerKind::eigendecomposed) {
@@ -1071,7 +1101,7 @@ class Shampoo {
       at += p.local_numel;
       // Z starts at the parameters' values at construction.
       if (p.weight_buffer.data() != nullptr && p.local_numel > 0)
-        for_each_blocked("lather::Shampoo::init_weight_buffer", ExecSpace(), p,
+        for_each_blocked(LATHER_LABEL("lather::Shampoo::init_weight_buffer"), ExecSpace(), p,
                          impl::kernels::GatherParam<value_type, memory_space>{p.param, p.weight_buffer});
     }
     ExecSpace().fence();
@@ -1215,19 +1245,22 @@ class Shampoo {
   }
 
   // The gradients of the pieces (sharded modes: cut out of the user's flat gradients).
-  std::vector<TensorRef<const value_type, memory_space>> piece_gradients(
-      const std::vector<TensorRef<const value_type, memory_space>>& g) const {
+  // The result is `g` itself, or a member reused from step to step.
+  const std::vector<TensorRef<const value_type, memory_space>>& piece_gradients(
+      const std::vector<TensorRef<const value_type, memory_space>>& g) {
     if (!sharded()) return g;
-    std::vector<TensorRef<const value_type, memory_space>> out(m_params.size());
+    std::vector<TensorRef<const value_type, memory_space>>& out = m_piece_grads;
+    out.assign(m_params.size(), TensorRef<const value_type, memory_space>());
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       const auto& p = m_params[i];
       const auto& gu = g[p.user];
       if (gu.data() == nullptr) continue;
       LATHER_THROW_IF(!gu.is_row_major_contiguous(), "lather::Shampoo::step: the gradient of ", describe(p.user),
                       " must be contiguous in sharded mode; nothing was changed");
-      std::vector<std::int64_t> shape(static_cast<std::size_t>(p.param.rank()));
+      std::array<std::int64_t, max_tensor_rank> shape{};
       for (int k = 0; k < p.param.rank(); ++k) shape[static_cast<std::size_t>(k)] = p.param.extent(k);
-      out[i] = TensorRef<const value_type, memory_space>(gu.data() + p.offset, std::span<const std::int64_t>(shape));
+      out[i] = TensorRef<const value_type, memory_space>(
+          gu.data() + p.offset, std::span<const std::int64_t>(shape.data(), static_cast<std::size_t>(p.param.rank())));
     }
     return out;
   }
@@ -1237,7 +1270,7 @@ class Shampoo {
     auto& p = m_params[i];
     with_comm_type([&](auto tag) {
       using C = decltype(tag);
-      for_each_blocked("lather::Shampoo::pack", space, p,
+      for_each_blocked(LATHER_LABEL("lather::Shampoo::pack"), space, p,
                        impl::kernels::PackComm<value_type, C, memory_space>{p.param, delta,
                                                                            reinterpret_cast<C*>(m_send.data())},
                        p.send_index);
@@ -1252,7 +1285,7 @@ class Shampoo {
       auto& p = m_params[i];
       with_comm_type([&](auto tag) {
         using C = decltype(tag);
-        for_each_blocked("lather::Shampoo::unpack", space, p,
+        for_each_blocked(LATHER_LABEL("lather::Shampoo::unpack"), space, p,
                          impl::kernels::UnpackComm<value_type, C, memory_space>{
                              p.param, reinterpret_cast<const C*>(m_recv.data()), add},
                          p.recv_index);
@@ -1274,13 +1307,13 @@ class Shampoo {
   void run_step(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
     bool any_amortized = false;
     for (std::size_t i = 0; i < m_params.size(); ++i)
-      any_amortized = any_amortized || (computes(i, g) && is_amortized(m_params[i].group));
+      any_amortized = any_amortized || (computes(i, g) && local_blocks_amortized(i));
     // DDP: whether a step is amortized is the same on every rank (same groups and counters); a
     // rank without amortized blocks still takes part in the failure agreement below.
     bool amortized_here = any_amortized;
     if (exchanges())
       for (std::size_t i = 0; i < m_params.size(); ++i)
-        amortized_here = amortized_here || (active(i, g) && is_amortized(m_params[i].group));
+        amortized_here = amortized_here || (active(i, g) && layout_blocks_amortized(i));
     if (!amortized_here) {
       // Nothing can fail after the checks: one pass per parameter.
       for (std::size_t i = 0; i < m_params.size(); ++i) {
@@ -1297,11 +1330,15 @@ class Shampoo {
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       if (!computes(i, g)) continue;
       gather(space, i, g[i]);
-      update_factors(space, i, is_amortized(m_params[i].group), m_groups[m_params[i].group].options);
+      update_factors(space, i, true, m_groups[m_params[i].group].options);
     }
     // Phase B: root inverses into pending results; any error restores the factors and throws
     // (DDP: on every rank, so none waits in the all-gather).
-    std::vector<std::vector<std::vector<RootInverseStatus>>> status(m_params.size());
+    // Per piece, block and factor (kept across steps, so a root step does not allocate either);
+    // m_status_set marks the pieces computed on this step.
+    auto& status = m_status;
+    if (status.size() != m_params.size()) status.resize(m_params.size());
+    m_status_set.assign(m_params.size(), 0);
     std::exception_ptr error;
     try {
       compute_roots(space, g, status);
@@ -1309,7 +1346,8 @@ class Shampoo {
       error = std::current_exception();
     }
     if (exchanges()) {
-      std::vector<std::int64_t> failed(static_cast<std::size_t>(m_dist_size), 0);
+      std::vector<std::int64_t>& failed = m_failed_ranks;
+      failed.assign(static_cast<std::size_t>(m_dist_size), 0);
       failed[static_cast<std::size_t>(m_dist_rank)] = error ? 1 : 0;
       sum_over_group(space, failed);
       int first = -1;
@@ -1329,9 +1367,10 @@ class Shampoo {
     m_info.amortized = true;
     // Phase C: commit the root results (a failed computation keeps the previous inverse factor).
     for (std::size_t i = 0; i < m_params.size(); ++i) {
-      if (status[i].empty()) continue;
+      if (!m_status_set[i]) continue;
       auto& p = m_params[i];
       for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        if (status[i][b].empty()) continue;  // staggered: this block computed nothing
         bool failed = false;
         for (std::size_t k = 0; k < p.blocks[b].factors.size(); ++k) {
           auto& f = p.blocks[b].factors[k];
@@ -1350,7 +1389,7 @@ class Shampoo {
             }
             continue;
           }
-          Kokkos::parallel_for("lather::Shampoo::commit_inverse",
+          Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::commit_inverse"),
                                Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                                    space, {0, 0}, {f.dim, f.dim}),
                                impl::kernels::PackCopy<factor_type, inverse_factor_type, memory_space>{
@@ -1397,6 +1436,31 @@ class Shampoo {
     const std::int64_t t = m_groups[grp].step, s = o.start_step(), f = o.precondition_frequency;
     return (t % f == 0 && t > s) || t == s;
   }
+  // Whether the block with this ordinal recomputes on its group's current step (is_amortized
+  // without staggering).
+  bool block_amortized(std::size_t grp, std::int64_t ordinal) const {
+    const auto& o = m_groups[grp].options;
+    if (!o.stagger_amortized_computations) return is_amortized(grp);
+    const std::int64_t t = m_groups[grp].step, s = o.start_step(), f = o.precondition_frequency;
+    return t == s || (t > s && t % f == ordinal % f);
+  }
+  // Whether any of this rank's blocks of piece i recomputes on this step.
+  bool local_blocks_amortized(std::size_t i) const {
+    const auto& p = m_params[i];
+    if (!m_groups[p.group].options.stagger_amortized_computations) return is_amortized(p.group);
+    for (const auto& blk : p.blocks)
+      if (block_amortized(p.group, blk.ordinal)) return true;
+    return false;
+  }
+  // Whether any block of piece i's layout, on any rank, recomputes on this step (the same
+  // answer on every rank: DDP ranks agree on taking the amortized path).
+  bool layout_blocks_amortized(std::size_t i) const {
+    const auto& p = m_params[i];
+    if (!m_groups[p.group].options.stagger_amortized_computations) return is_amortized(p.group);
+    for (std::size_t b = 0; b < p.layout.blocks.size(); ++b)
+      if (block_amortized(p.group, p.ordinal_base + static_cast<std::int64_t>(b))) return true;
+    return false;
+  }
   bool uses_graft(std::size_t grp) const {
     return Grafting::enabled && m_groups[grp].step < m_groups[grp].options.start_step();
   }
@@ -1405,7 +1469,7 @@ class Shampoo {
     auto& p = m_params[i];
     const auto& o = m_groups[p.group].options;
     const bool l2 = o.weight_decay_type == WeightDecayType::l2 && o.weight_decay != 0.0;
-    for_each_blocked("lather::Shampoo::gather", space, p,
+    for_each_blocked(LATHER_LABEL("lather::Shampoo::gather"), space, p,
                      impl::kernels::GatherGradient<value_type, memory_space>{
                          g, p.param, m_grad, value_type(l2 ? o.weight_decay : 0.0)});
   }
@@ -1415,11 +1479,11 @@ class Shampoo {
   /// `index` maps to this rank's state buffers by default (elements of other ranks' blocks are
   /// skipped), or to the DDP send / gathered buffers.
   template <class Op>
-  static void for_each_blocked(const char* label, const ExecSpace& space, const ParamState& p, const Op& op) {
+  static void for_each_blocked(const std::string& label, const ExecSpace& space, const ParamState& p, const Op& op) {
     for_each_blocked(label, space, p, op, p.index);
   }
   template <class Op>
-  static void for_each_blocked(const char* label, const ExecSpace& space, const ParamState& p, const Op& op,
+  static void for_each_blocked(const std::string& label, const ExecSpace& space, const ParamState& p, const Op& op,
                                const impl::kernels::BlockedIndex<memory_space>& index) {
     const std::int64_t n = p.param.size();
     if (n == 0) return;
@@ -1445,14 +1509,39 @@ class Shampoo {
     const auto& v = m_gram.at(static_cast<std::size_t>(d));
     return blas_matrix_type(v.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(d));
   }
-  // KokkosBlas::gemm without an execution-space argument (the instance overload is Kernels 4.1+)
-  // runs on the views' device, here ExecSpace's default instance: fence the given instance before
-  // and the default one after, so the product is ordered with the kernels queued on `space`.
+  // The host BLAS directly for host data, else KokkosBlas::gemm ordered with `space` by fences
+  // (impl::kernels::gemm).
   static void gemm(const ExecSpace& space, const char* ta, const char* tb, value_type alpha, const blas_matrix_type& a,
                    const blas_matrix_type& b, value_type beta, const blas_matrix_type& c) {
-    space.fence();
-    KokkosBlas::gemm(ta, tb, alpha, a, b, beta, c);
-    ExecSpace().fence();
+    impl::kernels::gemm(space, ta, tb, alpha, a, b, beta, c);
+  }
+  // Whether the host BLAS takes this block directly (host data of float/double on a host
+  // execution space, sizes within its 32-bit ints).
+  static bool host_blas_fits(std::int64_t numel) {
+    if constexpr (impl::blas::host_blas_eligible<ExecSpace, blas_matrix_type, blas_matrix_type, blas_matrix_type>)
+      return impl::blas::fits_int(numel);
+    else
+      return false;
+  }
+  // The Gram matrix X^T X (`transpose_first`) or X X^T into `gram`, of which only the upper
+  // triangle (i <= j) is meaningful afterwards: SYRK, half a product's work, in the host BLAS;
+  // a full GEMM where there is no SYRK (Kokkos Kernels on a device).
+  static void gram_product(const ExecSpace& space, bool transpose_first, const blas_matrix_type& x,
+                           const blas_matrix_type& gram) {
+    if constexpr (impl::blas::host_blas_eligible<ExecSpace, blas_matrix_type, blas_matrix_type, blas_matrix_type>) {
+      const auto d = static_cast<std::int64_t>(gram.extent(0));
+      const auto rows = static_cast<std::int64_t>(x.extent(0));
+      const auto k = static_cast<std::int64_t>(transpose_first ? x.extent(0) : x.extent(1));
+      if (impl::blas::fits_int(d) && impl::blas::fits_int(k) && impl::blas::fits_int(rows)) {
+        space.fence();
+        impl::blas::syrk<value_type>('U', transpose_first ? 'T' : 'N', d, k, value_type(1), x.data(),
+                                     std::max<std::int64_t>(1, rows), value_type(0), gram.data(),
+                                     std::max<std::int64_t>(1, d));
+        return;
+      }
+    }
+    if (transpose_first) gemm(space, "T", "N", value_type(1), x, x, value_type(0), gram);
+    else gemm(space, "N", "T", value_type(1), x, x, value_type(0), gram);
   }
 
   // (outer, d, inner) of dimension k of a block.
@@ -1472,7 +1561,7 @@ class Shampoo {
       for (std::size_t k = 0; k < blk.factors.size(); ++k) {
         auto& f = blk.factors[k];
         if (!f.preconditioned) continue;
-        if (amortize) Kokkos::deep_copy(space, p.backup[b][k], f.factor);
+        if (amortize && block_amortized(p.group, blk.ordinal)) copy_factor(space, f.factor, p.backup[b][k]);
         value_type* source = m_grad.data() + blk.begin;
         if constexpr (kl) {
           // KL-Shampoo: G~ = G x_(j != k) P_j with the current inverse roots (before this step's
@@ -1495,13 +1584,23 @@ class Shampoo {
       // Kernels has it), then combined with the reference's formula.
       auto gram = gram_scratch(d);
       const auto x = blas_matrix(x_data, outer == 1 ? inner : d, outer == 1 ? d : outer);
-      if (outer == 1) gemm(space, "T", "N", value_type(1), x, x, value_type(0), gram);  // X X^T
-      else gemm(space, "N", "T", value_type(1), x, x, value_type(0), gram);             // X^T X
-      Kokkos::parallel_for("lather::Shampoo::factor_combine", MD(space, {0, 0}, {d, d}),
+      gram_product(space, outer == 1, x, gram);
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_combine"), MD(space, {0, 0}, {d, d}),
+                           impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
+                               gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
+    } else if (host_blas_fits(outer * d * inner)) {
+      // A middle dimension on the host: X_(k) X_(k)^T = sum over the outer index of the (d x
+      // inner) slices' Gram matrices, one SYRK per slice accumulating into one triangle.
+      auto gram = gram_scratch(d);
+      space.fence();
+      for (std::int64_t a = 0; a < outer; ++a)
+        impl::blas::syrk<value_type>('U', 'T', d, inner, value_type(1), x_data + a * d * inner, inner,
+                                     a == 0 ? value_type(0) : value_type(1), gram.data(), d);
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_combine"), MD(space, {0, 0}, {d, d}),
                            impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
                                gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
     } else {
-      Kokkos::parallel_for("lather::Shampoo::factor_update", MD(space, {0, 0}, {d, d}),
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_update"), MD(space, {0, 0}, {d, d}),
                            impl::kernels::FactorUpdate<value_type, factor_type>{
                                x_data, outer, d, inner, f.factor_storage(), factor_type(beta2), factor_type(weight),
                                beta2 != 1.0});
@@ -1519,7 +1618,7 @@ class Shampoo {
       if (!f.preconditioned || j == skip) continue;
       value_type* to = from == a ? b : a;
       const auto [outer, d, inner] = unfold(blk.extent, j);
-      Kokkos::parallel_for("lather::Shampoo::precondition", Range(space, 0, outer * d * inner),
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::precondition"), Range(space, 0, outer * d * inner),
                            impl::kernels::ModeProduct<value_type, inverse_factor_type>{
                                from, to, d, inner, {f.inverse_factor.data(), f.dim, f.packed}});
       from = to;
@@ -1537,7 +1636,7 @@ class Shampoo {
       if (!f.preconditioned) continue;
       value_type* to = from == x ? y : x;
       const auto [outer, d, inner] = unfold(blk.extent, j);
-      Kokkos::parallel_for("lather::Shampoo::rotate", Range(space, 0, outer * d * inner),
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::rotate"), Range(space, 0, outer * d * inner),
                            impl::kernels::ModeProductGeneral<value_type, inverse_factor_type>{
                                from, to, d, inner, f.eigenvectors.data(), back});
       from = to;
@@ -1545,13 +1644,24 @@ class Shampoo {
     return from;
   }
 
+  // to = from for a factor and its backup: a kernel, not Kokkos::deep_copy, whose parallel host
+  // copy in Kokkos 3.4 builds a label string on every call (a heap allocation in each root step).
+  static void copy_factor(const ExecSpace& space, const Kokkos::View<factor_type*, memory_space>& from,
+                          const Kokkos::View<factor_type*, memory_space>& to) {
+    Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::copy_factor"),
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                             space, 0, static_cast<std::int64_t>(from.extent(0))),
+                         impl::kernels::CopyBlock<factor_type>{from.data(), to.data()});
+  }
+
   void restore_factors(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
     for (std::size_t i = 0; i < m_params.size(); ++i) {
-      if (!active(i, g) || !is_amortized(m_params[i].group)) continue;
+      if (!active(i, g) || !local_blocks_amortized(i)) continue;
       auto& p = m_params[i];
       for (std::size_t b = 0; b < p.blocks.size(); ++b)
-        for (std::size_t k = 0; k < p.blocks[b].factors.size(); ++k)
-          if (p.blocks[b].factors[k].preconditioned) Kokkos::deep_copy(space, p.blocks[b].factors[k].factor, p.backup[b][k]);
+        if (block_amortized(p.group, p.blocks[b].ordinal))
+          for (std::size_t k = 0; k < p.blocks[b].factors.size(); ++k)
+          if (p.blocks[b].factors[k].preconditioned) copy_factor(space, p.backup[b][k], p.blocks[b].factors[k].factor);
     }
     space.fence();
   }
@@ -1559,15 +1669,20 @@ class Shampoo {
   void compute_roots(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g,
                      std::vector<std::vector<std::vector<RootInverseStatus>>>& status) {
     for (std::size_t i = 0; i < m_params.size(); ++i) {
-      if (!active(i, g) || !is_amortized(m_params[i].group)) continue;
+      if (!active(i, g) || !local_blocks_amortized(i)) continue;
       auto& p = m_params[i];
       const auto& grp = m_groups[p.group];
       const auto& o = grp.options;
       const bool bias = o.use_bias_correction && o.betas[1] < 1.0;
       const double bc2 = bias ? 1.0 - std::pow(o.betas[1], static_cast<double>(grp.step)) : 1.0;
       status[i].resize(p.blocks.size());
+      m_status_set[i] = 1;
       for (std::size_t b = 0; b < p.blocks.size(); ++b) {
         auto& blk = p.blocks[b];
+        if (!block_amortized(p.group, blk.ordinal)) {  // staggered: not this block's step
+          status[i][b].clear();
+          continue;
+        }
         status[i][b].assign(blk.factors.size(), RootInverseStatus::success);
         int failures_here = 0;
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
@@ -1575,13 +1690,13 @@ class Shampoo {
           if (!f.preconditioned) continue;
           const std::int64_t dk = f.dim;
           auto a = m_scratch.at(static_cast<std::size_t>(dk));
-          Kokkos::parallel_for("lather::Shampoo::bias_correct",
+          Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::bias_correct"),
                                Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                                    space, {0, 0}, {dk, dk}),
                                impl::kernels::UnpackScaled<factor_type, memory_space>{
                                    {f.factor.data(), f.dim, f.packed}, a, factor_type(bc2), bias});
           std::int64_t bad = 0;
-          Kokkos::parallel_reduce("lather::Shampoo::check_factor",
+          Kokkos::parallel_reduce(LATHER_LABEL("lather::Shampoo::check_factor"),
                                   Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                                       space, {0, 0}, {dk, dk}),
                                   impl::kernels::CountNonFiniteMatrix<factor_type, memory_space>{a}, bad);
@@ -1709,7 +1824,7 @@ class Shampoo {
     const double bc1 = 1.0 - beta3 * std::pow(beta1, static_cast<double>(t - 1));
     if constexpr (kind == PreconditionerKind::eigenvalue_corrected) update_corrected(space, p, o);
     // Gbar (or graft(Gbar) before preconditioning) into work0.
-    Kokkos::parallel_for("lather::Shampoo::filter_and_graft", Range(space, 0, numel),
+    Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::filter_and_graft"), Range(space, 0, numel),
                          impl::kernels::FilterAndGraft<value_type, memory_space>{
                              m_grad, p.filtered, p.graft_state, m_work0, value_type(beta1), value_type(1.0 - beta1),
                              value_type(beta3), value_type(1.0 - beta3), value_type(bc1), beta1 != 0.0, beta3 != beta1,
@@ -1719,7 +1834,7 @@ class Shampoo {
       const auto nb = static_cast<std::int64_t>(p.blocks.size());
       if constexpr (Grafting::enabled) {
         // ||graft(Gbar)|| per block, before work0 is turned into the Shampoo direction.
-        Kokkos::parallel_for("lather::Shampoo::graft_norms",
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::graft_norms"),
                              Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
                              impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
                                  m_work0, p.graft_state, p.block_begin, p.norms, 0, gs, Grafting::has_state});
@@ -1735,7 +1850,7 @@ class Shampoo {
           const bool bias = o.use_bias_correction && o.betas[1] < 1.0;
           const double bc2 = bias ? 1.0 - std::pow(o.betas[1], static_cast<double>(t)) : 1.0;
           value_type* r = rotate_block(space, blk, x, y, false);
-          Kokkos::parallel_for("lather::Shampoo::correct", Range(space, 0, numel_of(blk.extent)),
+          Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::correct"), Range(space, 0, numel_of(blk.extent)),
                                impl::kernels::CorrectedScale<value_type>{
                                    r, p.corrected.data() + blk.begin, value_type(bc2), value_type(o.epsilon),
                                    value_type(p.corrected_exponent), bias, p.corrected_exponent == 0.5});
@@ -1746,16 +1861,16 @@ class Shampoo {
           sign_block(space, blk, x);
         }
         if (result != x) {  // bring the block's result back to work0
-          Kokkos::parallel_for("lather::Shampoo::copy_block", Range(space, 0, numel_of(blk.extent)),
+          Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::copy_block"), Range(space, 0, numel_of(blk.extent)),
                                impl::kernels::CopyBlock<value_type>{result, x});
         }
       }
       if constexpr (Grafting::enabled) {
-        Kokkos::parallel_for("lather::Shampoo::direction_norms",
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::direction_norms"),
                              Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
                              impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
                                  direction, vector_type(), p.block_begin, p.norms, 1, gs, false});
-        Kokkos::parallel_for("lather::Shampoo::graft_scale", Range(space, 0, numel),
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::graft_scale"), Range(space, 0, numel),
                              impl::kernels::GraftScale<value_type, memory_space>{direction, p.block_begin, p.norms, nb});
       }
     }
@@ -1776,17 +1891,29 @@ class Shampoo {
       double mu_x = o.eval_interp_coeff;
       if (o.iterate_averaging == IterateAveraging::schedule_free)
         mu_x = grp.lr_sum > 0.0 ? 1.0 - std::pow(o.lr, o.eval_coeff_lr_power) / grp.lr_sum : 0.0;
-      for_each_blocked("lather::Shampoo::apply_averaged", space, p,
+      for_each_blocked(LATHER_LABEL("lather::Shampoo::apply_averaged"), space, p,
                        impl::kernels::ApplyAveragedUpdate<value_type, memory_space>{
                            p.param, direction, p.weight_buffer, value_type(1.0 - o.lr * decay), value_type(o.lr),
                            value_type(1.0 - mu_x), value_type(1.0 - mu_x * mu_y), decay != 0.0, delta_out});
     } else {
-      for_each_blocked("lather::Shampoo::apply", space, p,
+      for_each_blocked(LATHER_LABEL("lather::Shampoo::apply"), space, p,
                        impl::kernels::ApplyUpdate<value_type, memory_space>{
                            p.param, direction, p.momentum, value_type(decay), value_type(o.momentum),
                            value_type(1.0 - o.dampening), value_type(o.lr), o.momentum != 0.0, o.use_nesterov, delta_out});
     }
     if (exchanges()) pack(space, i, delta_out);
+  }
+
+  // The inverse factor of f as a full d x d column-major matrix in the Gram scratch (symmetric,
+  // so the layout does not matter), queued on `space`.
+  blas_matrix_type unpacked_inverse(const ExecSpace& space, const factor_state_type& f, std::int64_t d) const {
+    auto pm = gram_scratch(d);
+    Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unpack_inverse"),
+                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                             space, {0, 0}, {d, d}),
+                         impl::kernels::Unpack<inverse_factor_type, blas_matrix_type>{
+                             {f.inverse_factor.data(), f.dim, f.packed}, pm});
+    return pm;
   }
 
   // Root-inverse kinds: successive mode products of the block x with the inverse factors,
@@ -1804,12 +1931,7 @@ class Shampoo {
         if (outer == 1 || inner == 1) {
           // One GEMM with the (unpacked) inverse factor P: Y = P^T X (first dimension) or
           // X P (last), in column-major terms on the row-major block.
-          auto pm = gram_scratch(d);
-          Kokkos::parallel_for("lather::Shampoo::unpack_inverse",
-                               Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
-                                   space, {0, 0}, {d, d}),
-                               impl::kernels::Unpack<inverse_factor_type, blas_matrix_type>{
-                                   {f.inverse_factor.data(), f.dim, f.packed}, pm});
+          const auto pm = unpacked_inverse(space, f, d);
           if (outer == 1) gemm(space, "N", "N", value_type(1), blas_matrix(from, inner, d), pm, value_type(0),
                                blas_matrix(to, inner, d));
           else gemm(space, "T", "N", value_type(1), pm, blas_matrix(from, d, outer), value_type(0),
@@ -1817,8 +1939,19 @@ class Shampoo {
           from = to;
           continue;
         }
+        if (host_blas_fits(outer * d * inner)) {
+          // A middle dimension on the host: per outer index a, the (d x inner) slice X_a becomes
+          // P^T X_a, i.e. X_a^T P in column-major terms: one GEMM per slice.
+          const auto pm = unpacked_inverse(space, f, d);
+          space.fence();
+          for (std::int64_t a = 0; a < outer; ++a)
+            impl::blas::gemm<value_type>('N', 'N', inner, d, d, value_type(1), from + a * d * inner, inner, pm.data(),
+                                         d, value_type(0), to + a * d * inner, inner);
+          from = to;
+          continue;
+        }
       }
-      Kokkos::parallel_for("lather::Shampoo::precondition", Range(space, 0, outer * d * inner),
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::precondition"), Range(space, 0, outer * d * inner),
                            impl::kernels::ModeProduct<value_type, inverse_factor_type>{
                                from, to, d, inner, {f.inverse_factor.data(), f.dim, f.packed}});
       from = to;
@@ -1832,11 +1965,11 @@ class Shampoo {
     using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
     const double beta2 = o.betas[1];
     const double weight = beta2 == 1.0 ? 1.0 : 1.0 - beta2;
-    Kokkos::parallel_for("lather::Shampoo::copy_grad", Range(space, 0, p.local_numel),
+    Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::copy_grad"), Range(space, 0, p.local_numel),
                          impl::kernels::CopyBlock<value_type>{m_grad.data(), m_work1.data()});
     for (const auto& blk : p.blocks) {
       value_type* r = rotate_block(space, blk, m_work1.data() + blk.begin, m_work0.data() + blk.begin, false);
-      Kokkos::parallel_for("lather::Shampoo::corrected_update", Range(space, 0, numel_of(blk.extent)),
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::corrected_update"), Range(space, 0, numel_of(blk.extent)),
                            impl::kernels::CorrectedUpdate<value_type>{r, p.corrected.data() + blk.begin, value_type(beta2),
                                                                       value_type(weight), beta2 != 1.0});
     }
@@ -1871,10 +2004,10 @@ class Shampoo {
     } else {
       const auto& ns = inner().orthogonalization;
       double sumsq = 0;
-      Kokkos::parallel_reduce("lather::Shampoo::ns_norm", Range(space, 0, n), impl::kernels::SumSquares<value_type>{x},
+      Kokkos::parallel_reduce(LATHER_LABEL("lather::Shampoo::ns_norm"), Range(space, 0, n), impl::kernels::SumSquares<value_type>{x},
                               sumsq);
       const value_type norm = std::max(static_cast<value_type>(std::sqrt(sumsq)), value_type(1e-8));
-      Kokkos::parallel_for("lather::Shampoo::ns_normalize", Range(space, 0, n),
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::ns_normalize"), Range(space, 0, n),
                            impl::kernels::Scale<value_type>{x, x, norm, true});
       const bool tall = r >= c;  // X^T X of the row-major X is M M^T (c x c); else M^T M (r x r)
       const std::int64_t m = std::min(r, c);
@@ -1888,9 +2021,9 @@ class Shampoo {
         if (tall) gemm(space, "N", "T", value_type(1), mm, mm, value_type(0), bm);
         else gemm(space, "T", "N", value_type(1), mm, mm, value_type(0), bm);
         gemm(space, "N", "N", value_type(1), bm, bm, value_type(0), b2m);
-        Kokkos::parallel_for("lather::Shampoo::ns_combine", Range(space, 0, m * m),
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::ns_combine"), Range(space, 0, m * m),
                              impl::kernels::Combine2<value_type>{bv.data(), b2v.data(), value_type(cb), value_type(cc)});
-        Kokkos::parallel_for("lather::Shampoo::ns_copy", Range(space, 0, n),
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::ns_copy"), Range(space, 0, n),
                              impl::kernels::Scale<value_type>{cur, nxt, value_type(1), false});
         // X <- a X + X B: M <- a M + B M (tall) or M <- a M + M B (wide); B is symmetric.
         if (tall) gemm(space, "N", "N", value_type(1), bm, mm, value_type(ca), blas_matrix(nxt, c, r));
@@ -1899,7 +2032,7 @@ class Shampoo {
       }
       out = cur;
       if (scale != 1.0)
-        Kokkos::parallel_for("lather::Shampoo::scale_by_dims", Range(space, 0, n),
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::scale_by_dims"), Range(space, 0, n),
                              impl::kernels::Scale<value_type>{out, out, value_type(scale), false});
     }
     return out;
@@ -1915,15 +2048,15 @@ class Shampoo {
         SignDescentBlockStats stats;
         stats.numel = n;
         double sumsq = 0;
-        Kokkos::parallel_reduce("lather::Shampoo::sign_l1", Range(space, 0, n), impl::kernels::SumAbs<value_type>{x},
+        Kokkos::parallel_reduce(LATHER_LABEL("lather::Shampoo::sign_l1"), Range(space, 0, n), impl::kernels::SumAbs<value_type>{x},
                                 stats.l1_norm);
-        Kokkos::parallel_reduce("lather::Shampoo::sign_l2", Range(space, 0, n),
+        Kokkos::parallel_reduce(LATHER_LABEL("lather::Shampoo::sign_l2"), Range(space, 0, n),
                                 impl::kernels::SumSquares<value_type>{x}, sumsq);
         stats.l2_norm = std::sqrt(sumsq);
         scale = inner().scale_fn(stats);
       }
     }
-    Kokkos::parallel_for("lather::Shampoo::sign", Range(space, 0, n),
+    Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::sign"), Range(space, 0, n),
                          impl::kernels::SignScale<value_type>{x, value_type(scale)});
   }
 
@@ -2007,7 +2140,7 @@ class Shampoo {
       impl::kernels::SymmetricStorage<S> storage) {
     using U = std::remove_const_t<S>;
     Kokkos::View<U**, Kokkos::LayoutRight, memory_space> full("lather::Shampoo::unpacked", storage.d, storage.d);
-    Kokkos::parallel_for("lather::Shampoo::unpack",
+    Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unpack"),
                          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                              {0, 0}, {storage.d, storage.d}),
                          impl::kernels::UnpackScaled<U, memory_space>{{storage.data, storage.d, storage.packed}, full, U(1), false});
@@ -2101,6 +2234,8 @@ class Shampoo {
     scalar("eval_coeff_lr_power", o.eval_coeff_lr_power);
     scalar("num_tolerated_failed_amortized_computations", d(o.num_tolerated_failed_amortized_computations));
     scalar("use_symmetric_packing", d(o.use_symmetric_packing));
+    // Recorded only when on: dictionaries saved before the option existed still load.
+    if (o.stagger_amortized_computations) scalar("stagger_amortized_computations", 1.0);
     if constexpr (requires { m_grafting.epsilon; }) scalar("grafting_epsilon", m_grafting.epsilon);
     if constexpr (requires { m_grafting.beta2; }) scalar("grafting_beta2", m_grafting.beta2);
     return r;
@@ -2148,7 +2283,7 @@ class Shampoo {
       const double mu_y = o.train_interp_coeff;
       const double coefficient = train ? 1.0 - mu_y : 1.0 - 1.0 / mu_y;
       value_type* const delta_out = exchanges() && !m_dist.communicate_params ? m_work1.data() : nullptr;
-      for_each_blocked("lather::Shampoo::train_eval", space, p,
+      for_each_blocked(LATHER_LABEL("lather::Shampoo::train_eval"), space, p,
                        impl::kernels::Interpolate<value_type, memory_space>{p.param, p.weight_buffer,
                                                                             value_type(coefficient), delta_out});
       if (exchanges()) pack(space, i, delta_out);
@@ -2199,6 +2334,13 @@ class Shampoo {
   vector_type m_grad, m_work0, m_work1;
   impl::ShampooStepInfo m_info;
   impl::GradientIntake<value_type, memory_space, ExecSpace> m_intake;
+  // step()'s reused host buffers (see step()).
+  std::vector<tensor_type> m_user_params;
+  std::vector<TensorRef<const value_type, memory_space>> m_piece_grads;
+  std::vector<double> m_lr_sums_before;
+  std::vector<std::vector<std::vector<RootInverseStatus>>> m_status;
+  std::vector<char> m_status_set;
+  std::vector<std::int64_t> m_failed_ranks;
   NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
 };
 

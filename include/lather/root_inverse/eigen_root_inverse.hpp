@@ -9,6 +9,7 @@
 #define LATHER_ROOT_INVERSE_EIGEN_ROOT_INVERSE_HPP
 
 #include <lather/concepts/root_inverse.hpp>
+#include <lather/impl/backends/blas.hpp>
 #include <lather/impl/backends/lapack.hpp>
 #include <lather/impl/kernels/matrix_functions.hpp>
 #include <lather/impl/option_check.hpp>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -69,22 +71,47 @@ bool inverse_root_scales(const std::vector<E>& lambda, double root, double epsil
   return std::all_of(s.begin(), s.end(), [](E v) { return std::isfinite(v); });
 }
 
-/// X = (Q diag(s)) Q^T, column-major n x n, through the host BLAS.
+/// X = (Q diag(s)) Q^T, column-major n x n, into `x` (n x n), for scales s >= 0 (what
+/// inverse_root_scales gives): one SYRK of Q diag(sqrt(s)) in the host BLAS, half the work of the
+/// general product, then the lower triangle mirrored from the upper. `scaled` is scratch (n x n).
+template <class E>
+void matrix_from_eigenpairs_into(const E* q, const E* s, std::size_t n, E* scaled, E* x) {
+  if (n == 0) return;
+  for (std::size_t k = 0; k < n; ++k) {
+    const E r = std::sqrt(s[k]);
+    for (std::size_t i = 0; i < n; ++i) scaled[i + k * n] = q[i + k * n] * r;
+  }
+  const auto ni = static_cast<std::int64_t>(n);
+  blas::syrk<E>('U', 'N', ni, ni, E(1), scaled, ni, E(0), x, ni);
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t i = j + 1; i < n; ++i) x[i + j * n] = x[j + i * n];
+}
+
+/// X = (Q diag(s)) Q^T, column-major n x n (a new vector; see matrix_from_eigenpairs_into).
 template <class E>
 std::vector<E> matrix_from_eigenpairs(const std::vector<E>& q, const std::vector<E>& s, std::size_t n) {
-  std::vector<E> qs(n * n), x(n * n);
-  for (std::size_t k = 0; k < n; ++k)
-    for (std::size_t i = 0; i < n; ++i) qs[i + k * n] = q[i + k * n] * s[k];
-  using host_matrix = Kokkos::View<E**, Kokkos::LayoutLeft, Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
-                                   Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  using const_host_matrix = Kokkos::View<const E**, Kokkos::LayoutLeft,
-                                         Kokkos::Device<Kokkos::DefaultHostExecutionSpace, Kokkos::HostSpace>,
-                                         Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  if (n > 0)
-    impl::kernels::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "T", E(1), const_host_matrix(qs.data(), n, n),
-                        const_host_matrix(q.data(), n, n), E(0), host_matrix(x.data(), n, n));
+  std::vector<E> scaled(n * n), x(n * n);
+  matrix_from_eigenpairs_into(q.data(), s.data(), n, scaled.data(), x.data());
   return x;
 }
+
+/// Per-thread work arrays of EigenRootInverse in the eigensolver's precision E: grown to the
+/// largest n seen and kept, so repeated root computations neither allocate nor page-fault fresh
+/// memory (which cost up to 2x a bare syevd at n >= 512 on this project's machine).
+template <class E>
+struct EigenWorkspace {
+  std::vector<E> q, lambda, s_scales, scaled, x, a_copy;
+  std::vector<E> result;  // EigenRootInverse's row-major output when E is the data's scalar
+  static EigenWorkspace& get() {
+    thread_local EigenWorkspace w;
+    return w;
+  }
+  void reserve(std::size_t n) {
+    for (auto* v : {&q, &scaled, &x, &a_copy})
+      if (v->size() < n * n) v->resize(n * n);
+    if (lambda.size() < n) lambda.resize(n);
+  }
+};
 }  // namespace impl
 
 /// \brief Root inverse through a symmetric eigendecomposition, the reference's `EigenConfig`.
@@ -105,7 +132,8 @@ std::vector<E> matrix_from_eigenpairs(const std::vector<E>& q, const std::vector
 ///
 /// Runs on the host: `compute` fences `space`, copies A to host memory when it is not
 /// host-accessible, calls LAPACK and a host BLAS product, and copies X back (fencing `space`
-/// again before it returns). Allocates its work arrays on every call (to be pooled later).
+/// again before it returns). Its work arrays are kept per thread (impl::EigenWorkspace), grown to the
+/// largest matrix seen: after the first call of a size, a call allocates nothing on the host.
 struct EigenRootInverse {
   /// Add eps I before the eigendecomposition (ignored with `pseudo_inverse`).
   bool perturb_before_computation = true;
@@ -118,8 +146,8 @@ struct EigenRootInverse {
 
   /// Throws lather::invalid_argument naming the first invalid option.
   void validate() const {
-    const impl::OptionCheck check("EigenRootInverse", "");
-    if (pseudo_inverse) {
+    if (pseudo_inverse) {  // the check object only then: compute() validates on every call, unallocating
+      const impl::OptionCheck check("EigenRootInverse", "");
       check.at_least("pseudo_inverse.rank_atol", pseudo_inverse->rank_atol, 0.0);
       check.require(std::isfinite(pseudo_inverse->rank_atol),
                     impl::concat("invalid option 'pseudo_inverse.rank_atol' = ", pseudo_inverse->rank_atol,
@@ -166,15 +194,17 @@ struct EigenRootInverse {
       for (std::size_t j = 0; j < n; ++j)
         if (!std::isfinite(a_host(i, j))) return RootInverseStatus::failed;
 
-    std::vector<T> result(n * n);
+    // The result, row-major, in a per-thread buffer of T that outlives this call (reused).
+    auto& result = impl::EigenWorkspace<T>::get().result;
+    if (result.size() < n * n) result.resize(n * n);
     RootInverseStatus status = RootInverseStatus::failed;
     if (std::is_same_v<T, double> || compute_in_double) {
-      status = from_matrix<double>(a_host, n, root, epsilon, result);
+      status = from_matrix<double>(a_host, n, root, epsilon, result.data());
     } else {
-      status = from_matrix<float>(a_host, n, root, epsilon, result);
+      status = from_matrix<float>(a_host, n, root, epsilon, result.data());
     }
     if (status == RootInverseStatus::success || status == RootInverseStatus::non_finite)
-      write_back(space, result, x);
+      write_back(space, result.data(), x);
     return status;
   }
 
@@ -199,7 +229,7 @@ struct EigenRootInverse {
 
   // Row-major `result` into X (directly when host-accessible, else through one copy).
   template <class ExecSpace, class T, class MemorySpace>
-  static void write_back(const ExecSpace& space, const std::vector<T>& result,
+  static void write_back(const ExecSpace& space, const T* result,
                          const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) {
     const std::size_t n = x.extent(0);
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
@@ -207,59 +237,61 @@ struct EigenRootInverse {
         for (std::size_t j = 0; j < n; ++j) x(i, j) = result[i * n + j];
     } else {
       Kokkos::View<const T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>
-          h(result.data(), n, n);
+          h(result, n, n);
       Kokkos::deep_copy(space, x, h);
       space.fence();  // `result` dies when the caller returns
     }
   }
 
   // A_r in precision C (column-major; A is symmetric), its eigendecomposition, the eigenvalue
-  // rule and X, cast to T into `result` (row-major).
+  // rule and X, cast to T into `result` (row-major, n x n). Work arrays: EigenWorkspace<C>.
   template <class C, class HostA, class T>
-  RootInverseStatus from_matrix(const HostA& a_host, std::size_t n, double root, double epsilon,
-                                std::vector<T>& result) const {
+  RootInverseStatus from_matrix(const HostA& a_host, std::size_t n, double root, double epsilon, T* result) const {
     const bool add_epsilon = perturb_before_computation && !pseudo_inverse;
-    std::vector<C> q(n * n);
+    auto& w = impl::EigenWorkspace<C>::get();
+    w.reserve(n);
+    C* q = w.q.data();
     for (std::size_t j = 0; j < n; ++j)
       for (std::size_t i = 0; i < n; ++i) {
         const C v = static_cast<C>(a_host(i, j));
         q[i + j * n] = add_epsilon && i == j ? v + static_cast<C>(epsilon) : v;
       }
-    std::vector<C> lambda(n);
+    const auto ni = static_cast<impl::lapack::lapack_int>(n);
     if constexpr (std::is_same_v<C, float>) {
-      const std::vector<float> a_r = q;  // LAPACK overwrites q; kept for the double retry
-      if (impl::lapack::syevd(static_cast<impl::lapack::lapack_int>(n), q.data(), lambda.data()) != 0) {
+      std::copy(q, q + n * n, w.a_copy.data());  // LAPACK overwrites q; kept for the double retry
+      if (impl::lapack::syevd(ni, q, w.lambda.data()) != 0) {
         if (!retry_double_precision) return RootInverseStatus::failed;
         // The reference's fp64 retry: eigh(A_r.double()), eigenvectors cast back at the end.
-        std::vector<double> q64(a_r.begin(), a_r.end());
-        std::vector<double> lambda64(n);
-        if (impl::lapack::syevd(static_cast<impl::lapack::lapack_int>(n), q64.data(), lambda64.data()) != 0)
-          return RootInverseStatus::failed;
-        return from_eigenpairs(q64, lambda64, n, root, epsilon, result);
+        auto& w64 = impl::EigenWorkspace<double>::get();
+        w64.reserve(n);
+        std::copy(w.a_copy.data(), w.a_copy.data() + n * n, w64.q.data());
+        if (impl::lapack::syevd(ni, w64.q.data(), w64.lambda.data()) != 0) return RootInverseStatus::failed;
+        return from_eigenpairs(w64, n, root, epsilon, result);
       }
     } else {
-      if (impl::lapack::syevd(static_cast<impl::lapack::lapack_int>(n), q.data(), lambda.data()) != 0)
-        return RootInverseStatus::failed;
+      if (impl::lapack::syevd(ni, q, w.lambda.data()) != 0) return RootInverseStatus::failed;
     }
-    return from_eigenpairs(q, lambda, n, root, epsilon, result);
+    return from_eigenpairs(w, n, root, epsilon, result);
   }
 
-  // The eigenvalue rule and X = Q diag(s) Q^T (host BLAS), in the precision E of the eigensolver.
+  // The eigenvalue rule and X = Q diag(s) Q^T (host BLAS), in the precision E of the eigensolver,
+  // from the eigenpairs in w (q, lambda).
   template <class E, class T>
-  RootInverseStatus from_eigenpairs(const std::vector<E>& q, const std::vector<E>& lambda, std::size_t n,
-                                    double root, double epsilon, std::vector<T>& result) const {
-    for (const E l : lambda)
+  RootInverseStatus from_eigenpairs(impl::EigenWorkspace<E>& w, std::size_t n, double root, double epsilon,
+                                    T* result) const {
+    // inverse_root_scales works on exactly-sized vectors: lambda and s are n long here.
+    w.lambda.resize(n);
+    for (const E l : w.lambda)
       if (!std::isfinite(l)) return RootInverseStatus::failed;
-    std::vector<E> s;
-    if (!impl::inverse_root_scales(lambda, root, epsilon, perturb_before_computation, pseudo_inverse, s)) {
-      std::fill(result.begin(), result.end(), std::numeric_limits<T>::infinity());
+    if (!impl::inverse_root_scales(w.lambda, root, epsilon, perturb_before_computation, pseudo_inverse, w.s_scales)) {
+      std::fill(result, result + n * n, std::numeric_limits<T>::infinity());
       return RootInverseStatus::non_finite;
     }
-    const std::vector<E> x = impl::matrix_from_eigenpairs(q, s, n);
+    impl::matrix_from_eigenpairs_into(w.q.data(), w.s_scales.data(), n, w.scaled.data(), w.x.data());
     bool finite = true;
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < n; ++j) {
-        const T v = static_cast<T>(x[i + j * n]);
+        const T v = static_cast<T>(w.x[i + j * n]);
         finite = finite && std::isfinite(v);
         result[i * n + j] = v;
       }

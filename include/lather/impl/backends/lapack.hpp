@@ -73,6 +73,17 @@ void call_syevd(const lapack_int* n, T* a, T* w, T* work, const lapack_int* lwor
 }
 
 template <class T>
+struct SyevdWorkspace {
+  std::vector<T> work, matrix;
+  std::vector<lapack_int> iwork;
+};
+template <class T>
+SyevdWorkspace<T>& syevd_workspace() {
+  thread_local SyevdWorkspace<T> w;
+  return w;
+}
+
+template <class T>
 void call_gesdd(const lapack_int* m, const lapack_int* n, T* a, T* s, T* u, const lapack_int* ldvt, T* vt,
                 T* work, const lapack_int* lwork, lapack_int* iwork, lapack_int* info) {
   const char jobz = 'S';
@@ -86,8 +97,9 @@ void call_gesdd(const lapack_int* m, const lapack_int* n, T* a, T* s, T* u, cons
 
 /// Symmetric eigendecomposition in place: on return `a` (column-major, n x n, lower triangle
 /// read) holds the eigenvectors as columns and `w` the eigenvalues in ascending order. Returns
-/// LAPACK's `info` (0 on success; > 0: the algorithm failed to converge). Allocates its workspace.
-/// Runs in IEEE non-stop mode (NonStopFloatingPoint).
+/// LAPACK's `info` (0 on success; > 0: the algorithm failed to converge). Its workspace is kept per
+/// thread (grown to the largest n seen), so repeated calls do not allocate. Runs in IEEE non-stop
+/// mode (NonStopFloatingPoint).
 template <class T>
 lapack_int syevd(lapack_int n, T* a, T* w) {
   static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>, "syevd: float or double");
@@ -106,17 +118,21 @@ lapack_int syevd(lapack_int n, T* a, T* w) {
   const lapack_int lwork =
       static_cast<lapack_int>(work_size) > lwork_min ? static_cast<lapack_int>(work_size) : lwork_min;
   const lapack_int liwork = iwork_size > 3 + 5 * n ? iwork_size : 3 + 5 * n;
-  std::vector<T> work(static_cast<std::size_t>(lwork));
-  std::vector<lapack_int> iwork(static_cast<std::size_t>(liwork));
+  // Work arrays kept per thread and grown to the largest n seen: fresh multi-megabyte blocks on
+  // every call page-fault (up to 2x the decomposition's own time at n >= 512 on this project's
+  // machine), and a root step must not allocate after the first.
+  auto& ws = detail::syevd_workspace<T>();
+  if (ws.work.size() < static_cast<std::size_t>(lwork)) ws.work.resize(static_cast<std::size_t>(lwork));
+  if (ws.iwork.size() < static_cast<std::size_t>(liwork)) ws.iwork.resize(static_cast<std::size_t>(liwork));
   // OpenBLAS 0.3.21's SSE3 symv kernel (ssymv_L_PRESCOTT, reached through ssytrd) reads up to
   // 16 bytes past the end of the matrix. Harmless with glibc's heap, but it crashed under
   // AddressSanitizer, whose allocator can end a block at an unmapped page: work on a copy with
   // 64 bytes of slack (O(n^2), next to the O(n^3) decomposition).
   const auto nn = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
-  std::vector<T> matrix(nn + 64 / sizeof(T));
-  std::copy(a, a + nn, matrix.begin());
-  detail::call_syevd<T>(&n, matrix.data(), w, work.data(), &lwork, iwork.data(), &liwork, &info);
-  std::copy(matrix.begin(), matrix.begin() + static_cast<std::ptrdiff_t>(nn), a);
+  if (ws.matrix.size() < nn + 64 / sizeof(T)) ws.matrix.resize(nn + 64 / sizeof(T));
+  std::copy(a, a + nn, ws.matrix.begin());
+  detail::call_syevd<T>(&n, ws.matrix.data(), w, ws.work.data(), &lwork, ws.iwork.data(), &liwork, &info);
+  std::copy(ws.matrix.begin(), ws.matrix.begin() + static_cast<std::ptrdiff_t>(nn), a);
   return info;
 }
 

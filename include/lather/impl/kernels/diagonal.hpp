@@ -52,6 +52,13 @@ struct CountNonFinite {
   }
 };
 
+/// counts(i) = 0.
+template <class MemorySpace>
+struct ZeroCounts {
+  Kokkos::View<std::int64_t*, MemorySpace> counts;
+  KOKKOS_FUNCTION void operator()(index_type i) const { counts(i) = 0; }
+};
+
 // ---- SGD ------------------------------------------------------------------------------------------
 
 template <class T, class MemorySpace>
@@ -134,7 +141,9 @@ struct RmspropStep {
 
 // ---- Adam / AdamW ---------------------------------------------------------------------------------
 
-template <class T, class MemorySpace>
+/// \tparam Contiguous both tensors row-major contiguous (the common case): plain pointer
+/// arithmetic instead of TensorRef's per-element layout branch, so the loop vectorizes.
+template <class T, class MemorySpace, bool Contiguous = false>
 struct AdamStep {
   TensorRef<T, MemorySpace> param;
   TensorRef<const T, MemorySpace> grad;
@@ -148,9 +157,10 @@ struct AdamStep {
   bool amsgrad, maximize, decoupled;
 
   KOKKOS_FUNCTION void operator()(index_type i) const {
-    T& p = param[i];
+    T& p = Contiguous ? param.data()[i] : param[i];
     if (decoupled) p = p * decoupled_factor;
-    T g = maximize ? -grad[i] : grad[i];
+    const T gi = Contiguous ? grad.data()[i] : grad[i];
+    T g = maximize ? -gi : gi;
     if (l2_weight_decay != T(0)) g = g + l2_weight_decay * p;
     const T m = ema(exp_avg(i), g, beta1, one_minus_beta1);
     exp_avg(i) = m;

@@ -12,6 +12,8 @@
 #define LATHER_IMPL_KERNELS_MATRIX_FUNCTIONS_HPP
 
 #include <lather/error.hpp>
+#include <lather/impl/backends/blas.hpp>
+#include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -173,11 +175,17 @@ struct CountNonFiniteMatrix {
 /// `CV::execution_space` (or synchronously in a host BLAS), so the helper fences `space` before
 /// (A, B and C were written by kernels queued there) and that default instance after (later
 /// kernels on `space` read C). Switching to the instance overload removes both fences.
+///
+/// Host data used by a host execution space goes straight to the host BLAS (impl/backends/blas.hpp:
+/// any contiguous layout, no label strings, no allocation); the rest through Kokkos Kernels.
 template <class ExecSpace, class AV, class BV, class CV>
 void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b,
           typename CV::const_value_type alpha, const AV& a, const BV& b, typename CV::const_value_type beta,
           const CV& c) {
   space.fence();
+  if constexpr (blas::host_blas_eligible<ExecSpace, AV, BV, CV>) {
+    if (blas::gemm_views(trans_a[0], trans_b[0], alpha, a, b, beta, c)) return;
+  }
   KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
   typename CV::execution_space().fence();
 }
@@ -205,30 +213,30 @@ class MatrixOps {
   /// `out = scale * in + shift * I`.
   template <class In>
   void scale_shift(const matrix& out, const In& in, double scale, double shift) const {
-    Kokkos::parallel_for("lather::root_inverse::scale_shift", elements(),
+    Kokkos::parallel_for(LATHER_LABEL("lather::root_inverse::scale_shift"), elements(),
                          matrix_functions::ScaleShiftIdentity<matrix, In>{out, in, C(scale), C(shift), m_n});
   }
   /// `out = diagonal * I`.
   void scaled_identity(const matrix& out, double diagonal) const {
-    Kokkos::parallel_for("lather::root_inverse::identity", elements(),
+    Kokkos::parallel_for(LATHER_LABEL("lather::root_inverse::identity"), elements(),
                          matrix_functions::ScaledIdentity<matrix>{out, C(diagonal), m_n});
   }
   /// Every element of `out` set to `value`.
   template <class Out>
   void fill(const Out& out, typename Out::non_const_value_type value) const {
-    Kokkos::parallel_for("lather::root_inverse::fill", elements(),
+    Kokkos::parallel_for(LATHER_LABEL("lather::root_inverse::fill"), elements(),
                          matrix_functions::FillMatrix<Out>{out, value, m_n});
   }
   /// `base = I - m`, `mp = b_last * base + b_second_last * I`.
   void horner_start(const matrix& base, const matrix& mp, const matrix& m, C b_last, C b_second_last) const {
     Kokkos::parallel_for(
-        "lather::root_inverse::horner_start", elements(),
+        LATHER_LABEL("lather::root_inverse::horner_start"), elements(),
         matrix_functions::HornerStart<matrix, matrix>{base, mp, m, b_last, b_second_last, m_n});
   }
   /// `out = in`, converted to `out`'s scalar.
   template <class Out, class In>
   void cast_copy(const Out& out, const In& in) const {
-    Kokkos::parallel_for("lather::root_inverse::cast_copy", elements(),
+    Kokkos::parallel_for(LATHER_LABEL("lather::root_inverse::cast_copy"), elements(),
                          matrix_functions::CastCopy<Out, In>{out, in, m_n});
   }
 
@@ -262,7 +270,7 @@ class MatrixOps {
   template <class In>
   [[nodiscard]] double max_abs_minus_identity(const In& m) const {
     double result = 0;
-    Kokkos::parallel_reduce("lather::root_inverse::max_abs_minus_identity", elements(),
+    Kokkos::parallel_reduce(LATHER_LABEL("lather::root_inverse::max_abs_minus_identity"), elements(),
                             matrix_functions::MaxAbsMinusIdentity<In>{m, m_n, infinity()},
                             Kokkos::Max<double>(result));
     return result;
@@ -271,7 +279,7 @@ class MatrixOps {
   template <class In>
   [[nodiscard]] double max_abs_row_sum(const In& a) const {
     double result = 0;
-    Kokkos::parallel_reduce("lather::root_inverse::max_abs_row_sum", policy(m_space, 0, m_n),
+    Kokkos::parallel_reduce(LATHER_LABEL("lather::root_inverse::max_abs_row_sum"), policy(m_space, 0, m_n),
                             matrix_functions::MaxAbsRowSum<In>{a, m_n, infinity()},
                             Kokkos::Max<double>(result));
     return result;
@@ -280,7 +288,7 @@ class MatrixOps {
   template <class In>
   [[nodiscard]] double frobenius_norm(const In& a) const {
     double sum = 0;
-    Kokkos::parallel_reduce("lather::root_inverse::frobenius_norm", elements(),
+    Kokkos::parallel_reduce(LATHER_LABEL("lather::root_inverse::frobenius_norm"), elements(),
                             matrix_functions::SumOfSquares<In>{a, m_n}, sum);
     return std::sqrt(sum);
   }
@@ -288,7 +296,7 @@ class MatrixOps {
   template <class In>
   [[nodiscard]] double trace(const In& a) const {
     double sum = 0;
-    Kokkos::parallel_reduce("lather::root_inverse::trace", policy(m_space, 0, m_n),
+    Kokkos::parallel_reduce(LATHER_LABEL("lather::root_inverse::trace"), policy(m_space, 0, m_n),
                             matrix_functions::Trace<In>{a}, sum);
     return sum;
   }
@@ -296,7 +304,7 @@ class MatrixOps {
   template <class In>
   [[nodiscard]] std::int64_t count_non_finite(const In& a) const {
     std::int64_t count = 0;
-    Kokkos::parallel_reduce("lather::root_inverse::count_non_finite", elements(),
+    Kokkos::parallel_reduce(LATHER_LABEL("lather::root_inverse::count_non_finite"), elements(),
                             matrix_functions::CountNonFiniteMatrix<In>{a, m_n}, count);
     return count;
   }

@@ -183,7 +183,9 @@ struct FactorCombine {
   KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
     if (factor.packed && i > j) return;
     F& l = factor(i, j);
-    l = (scale ? l * beta2 : l) + weight * F(T(gram(i, j)));
+    // Only the Gram matrix's upper triangle is read (a host SYRK writes no other).
+    const std::int64_t lo = i < j ? i : j, hi = i < j ? j : i;
+    l = (scale ? l * beta2 : l) + weight * F(T(gram(lo, hi)));
   }
 };
 

@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief `AutoRootInverse`: the faster of the eigendecomposition and coupled Newton for each
+/// matrix size and execution space, with measured crossovers (docs/performance.md).
+#ifndef LATHER_ROOT_INVERSE_AUTO_ROOT_INVERSE_HPP
+#define LATHER_ROOT_INVERSE_AUTO_ROOT_INVERSE_HPP
+
+#include <lather/concepts/root_inverse.hpp>
+#include <lather/error.hpp>
+#include <lather/root_inverse/coupled_newton.hpp>
+#include <lather/root_inverse/eigen_root_inverse.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <limits>
+
+namespace lather {
+
+/// \brief Root inverse by whichever strategy is faster for the matrix at hand: `EigenRootInverse`
+/// (host LAPACK) or `CoupledNewtonRootInverse` (matrix products on the execution space).
+///
+/// The choice depends on where the computation runs and on n:
+/// - on a host execution space, coupled Newton is used for n >= `newton_min_dim_host`. On this
+///   project's CPU the eigendecomposition is faster at every size measured (n = 128 to 1024, float
+///   and double, 1 and 2 threads, docs/performance.md "Root inverses"), so the default never picks
+///   Newton there;
+/// - on a device execution space (CUDA, HIP), for n >= `newton_min_dim_device` (default 0, i.e.
+///   always): Newton's products stay on the device, while the eigendecomposition copies each
+///   factor to the host and back and runs LAPACK on the CPU. No GPU was available to measure this
+///   crossover; set it from your own `lather_bench_suite` run.
+/// Whatever the thresholds say, the eigendecomposition is used when Newton cannot honour the
+/// request: a non-integer root, or `eigen.pseudo_inverse` (Newton has no pseudo-inverse rule).
+///
+/// The two strategies agree to their tolerances (Newton stops at `newton.tolerance`; the
+/// eigendecomposition is exact to rounding), not bit for bit: a run that changes the thresholds
+/// changes its numbers slightly. Off by default in every Shampoo (EigenRootInverse is the default).
+struct AutoRootInverse {
+  /// Strategy options used when the eigendecomposition is chosen.
+  EigenRootInverse eigen{};
+  /// Strategy options used when coupled Newton is chosen.
+  CoupledNewtonRootInverse newton{};
+  /// Smallest n for coupled Newton on a host execution space (max: never).
+  std::int64_t newton_min_dim_host = std::numeric_limits<std::int64_t>::max();
+  /// Smallest n for coupled Newton on a device execution space (0: always).
+  std::int64_t newton_min_dim_device = 0;
+
+  /// Throws lather::invalid_argument naming the first invalid option.
+  void validate() const {
+    eigen.validate();
+    newton.validate();
+    LATHER_THROW_IF(newton_min_dim_host < 0, "lather::AutoRootInverse: invalid option 'newton_min_dim_host' = ",
+                    newton_min_dim_host, " (must be >= 0)");
+    LATHER_THROW_IF(newton_min_dim_device < 0, "lather::AutoRootInverse: invalid option 'newton_min_dim_device' = ",
+                    newton_min_dim_device, " (must be >= 0)");
+  }
+
+  /// As the eigendecomposition: the optimizer's epsilon must be 0 with `eigen.pseudo_inverse`.
+  [[nodiscard]] bool requires_zero_epsilon() const noexcept { return eigen.requires_zero_epsilon(); }
+
+  /// Any finite root > 0 (non-integer roots always go to the eigendecomposition).
+  [[nodiscard]] bool supports_root(double root) const noexcept { return eigen.supports_root(root); }
+
+  /// True when compute() on ExecSpace uses coupled Newton for an n x n matrix and this root.
+  template <class ExecSpace>
+  [[nodiscard]] bool uses_newton(std::int64_t n, double root) const noexcept {
+    if (eigen.pseudo_inverse || !newton.supports_root(root)) return false;
+    constexpr bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+    return n >= (host ? newton_min_dim_host : newton_min_dim_device);
+  }
+
+  /// \brief X ~ (A [+ eps I])^(-1/root) by the chosen strategy (see uses_newton); the status,
+  /// the synchronization and what is written are that strategy's.
+  template <class ExecSpace, class T, class MemorySpace>
+  RootInverseStatus compute(const ExecSpace& space, const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a,
+                            double root, double epsilon,
+                            const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
+    validate();
+    if (uses_newton<ExecSpace>(static_cast<std::int64_t>(a.extent(0)), root))
+      return newton.compute(space, a, root, epsilon, x);
+    return eigen.compute(space, a, root, epsilon, x);
+  }
+};
+
+}  // namespace lather
+
+#endif

@@ -1,0 +1,325 @@
+// SPDX-License-Identifier: Apache-2.0
+// The direct host BLAS path (impl/backends/blas.hpp): impl::kernels::gemm on every layout and
+// transpose combination against a long-double triple loop, the SYRK Gram product and the SYRK
+// form of Q diag(s) Q^T against their definitions, and the allocation rules: after the first
+// call of a size, a host product and an EigenRootInverse root allocate nothing on the heap (this
+// executable replaces the global operator new to count; host compilers only, as the benchmark).
+//
+// Tolerances: a product of length k in precision u has |error| <= k u sum_c |a_ic b_cj| (Higham
+// 3.5); the test checks against 4 k u max|a| max|b| k-scaled, i.e. the bound with the sum
+// replaced by k max|a| max|b| and a factor 4 of room for the BLAS' blocked order.
+#include <lather/impl/backends/blas.hpp>
+#include <lather/impl/kernels/matrix_functions.hpp>
+#include <lather/optimizers/adam.hpp>
+#include <lather/optimizers/shampoo.hpp>
+#include <lather/root_inverse/eigen_root_inverse.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <doctest/doctest.h>
+
+#include "exec_spaces.hpp"
+#include "test_utils.hpp"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <span>
+#include <utility>
+#include <vector>
+
+#if defined(__CUDACC__) || defined(__HIP__) || defined(__HIPCC__)
+#define LATHER_TEST_COUNTS_HEAP 0
+#else
+#define LATHER_TEST_COUNTS_HEAP 1
+#endif
+
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<std::int64_t> g_allocations{0};
+
+// Heap allocations made by f().
+template <class F>
+std::int64_t heap_allocations(F&& f) {
+  g_allocations = 0;
+  g_counting = true;
+  f();
+  g_counting = false;
+  return g_allocations.load();
+}
+
+using ld = long double;
+
+template <class T, class Layout, class Space>
+Kokkos::View<T**, Layout, Space> random_matrix(std::size_t r, std::size_t c, std::uint64_t stream) {
+  Kokkos::View<T**, Layout, Space> m("m", r, c);
+  auto h = Kokkos::create_mirror_view(m);
+  const auto v = lather::test::random_values(r * c, stream);
+  for (std::size_t i = 0; i < r; ++i)
+    for (std::size_t j = 0; j < c; ++j) h(i, j) = static_cast<T>(v[i * c + j]);
+  Kokkos::deep_copy(m, h);
+  return m;
+}
+
+template <class T, class LA, class LB, class LC, class ExecSpace>
+void check_gemm(const ExecSpace& space, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k) {
+  using Space = typename ExecSpace::memory_space;
+  const auto a = random_matrix<T, LA, Space>(ta ? k : m, ta ? m : k, 11 + m + 7 * k);
+  const auto b = random_matrix<T, LB, Space>(tb ? n : k, tb ? k : n, 13 + n + 5 * k);
+  auto c = random_matrix<T, LC, Space>(m, n, 17 + m * n);
+  const auto ah = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  const auto bh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  const auto c0 = Kokkos::create_mirror(Kokkos::HostSpace(), c);  // a copy even for host data
+  Kokkos::deep_copy(c0, c);
+  const T alpha = T(0.75), beta = T(-0.5);
+  lather::impl::kernels::gemm(space, ta ? "T" : "N", tb ? "T" : "N", alpha, a, b, beta, c);
+  space.fence();
+  const auto ch = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
+  const ld u = std::numeric_limits<T>::epsilon();
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      ld s = 0;
+      for (std::size_t l = 0; l < k; ++l)
+        s += static_cast<ld>(ta ? ah(l, i) : ah(i, l)) * static_cast<ld>(tb ? bh(j, l) : bh(l, j));
+      const ld want = static_cast<ld>(alpha) * s + static_cast<ld>(beta) * static_cast<ld>(c0(i, j));
+      const ld tol = 4 * static_cast<ld>(k + 2) * u;  // |a|, |b|, |c| <= 1
+      INFO("m=", m, " n=", n, " k=", k, " ta=", ta, " tb=", tb, " (", i, ",", j, ")");
+      REQUIRE(std::fabs(static_cast<ld>(ch(i, j)) - want) <= tol);
+    }
+}
+
+template <class T, class ExecSpace>
+void check_all_layouts(const ExecSpace& space) {
+  using L = Kokkos::LayoutLeft;
+  using R = Kokkos::LayoutRight;
+  // Sizes 1, 2, 3, 13, an empty inner dimension, and rectangular shapes.
+  const std::size_t shapes[][3] = {{1, 1, 1}, {2, 3, 1}, {3, 2, 13}, {13, 13, 13}, {5, 4, 0}, {1, 7, 3}, {9, 1, 4}};
+  for (const auto& s : shapes)
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      check_gemm<T, L, L, L>(space, ta, tb, s[0], s[1], s[2]);
+      check_gemm<T, R, R, R>(space, ta, tb, s[0], s[1], s[2]);
+      check_gemm<T, L, R, R>(space, ta, tb, s[0], s[1], s[2]);
+      check_gemm<T, R, L, L>(space, ta, tb, s[0], s[1], s[2]);
+      check_gemm<T, R, R, L>(space, ta, tb, s[0], s[1], s[2]);
+    }
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("host BLAS: impl::kernels::gemm equals the definition for every layout and transpose", ExecSpace, gemm_layouts) {
+  const ExecSpace space;
+  check_all_layouts<double>(space);
+  check_all_layouts<float>(space);
+}
+
+TEST_CASE_TEMPLATE_APPLY(gemm_layouts, lather_test_exec_spaces);
+
+TEST_CASE("host BLAS: a strided View is refused by the direct path (Kokkos Kernels takes it)") {
+  Kokkos::View<double***, Kokkos::LayoutRight, Kokkos::HostSpace> cube("cube", 4, 3, 5);
+  const auto slice = Kokkos::subview(cube, Kokkos::ALL, 1, Kokkos::ALL);  // strides (15, 1): a usable ld
+  CHECK(lather::impl::blas::column_major(slice).ok);
+  CHECK(lather::impl::blas::column_major(slice).transposed);
+  CHECK(lather::impl::blas::column_major(slice).ld == 15);
+  const auto col = Kokkos::subview(cube, Kokkos::ALL, Kokkos::ALL, 2);  // strides (15, 5): neither is 1
+  CHECK_FALSE(lather::impl::blas::column_major(col).ok);
+}
+
+TEST_CASE("host BLAS: the SYRK Gram product fills the upper triangle with X X^T and X^T X") {
+  for (const std::size_t n : {1u, 2u, 3u, 13u})
+    for (const std::size_t k : {1u, 4u, 13u}) {
+      const auto x = lather::test::random_values(n * k, 100 + n + k);  // column-major n x k
+      std::vector<double> c(n * n, std::numeric_limits<double>::quiet_NaN()), ct(k * k, -7.0);
+      lather::impl::blas::syrk<double>('U', 'N', static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), 1.0,
+                                       x.data(), static_cast<std::int64_t>(n), 0.0, c.data(),
+                                       static_cast<std::int64_t>(n));
+      // X^T X with the same storage read as k x n... i.e. the k x k Gram of the columns.
+      lather::impl::blas::syrk<double>('U', 'T', static_cast<std::int64_t>(k), static_cast<std::int64_t>(n), 1.0,
+                                       x.data(), static_cast<std::int64_t>(n), 0.0, ct.data(),
+                                       static_cast<std::int64_t>(k));
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t i = 0; i <= j; ++i) {
+          ld s = 0;
+          for (std::size_t l = 0; l < k; ++l) s += static_cast<ld>(x[i + l * n]) * x[j + l * n];
+          CHECK(std::fabs(c[i + j * n] - s) <= 4e-16L * (k + 2));
+        }
+      for (std::size_t j = 0; j < k; ++j)
+        for (std::size_t i = 0; i <= j; ++i) {
+          ld s = 0;
+          for (std::size_t l = 0; l < n; ++l) s += static_cast<ld>(x[l + i * n]) * x[l + j * n];
+          CHECK(std::fabs(ct[i + j * k] - s) <= 4e-16L * (n + 2));
+        }
+      // The strictly lower triangle is not written (FactorCombine reads the upper one only).
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t i = j + 1; i < n; ++i) CHECK(std::isnan(c[i + j * n]));
+    }
+}
+
+TEST_CASE("host BLAS: Q diag(s) Q^T through SYRK is symmetric and equals the definition, zeros in s included") {
+  const std::size_t n = 13;
+  const auto q = lather::test::random_values(n * n, 7);
+  std::vector<double> s(n);
+  for (std::size_t k = 0; k < n; ++k) s[k] = k % 4 == 0 ? 0.0 : 0.1 * static_cast<double>(k + 1);  // rank-deficient
+  const auto x = lather::impl::matrix_from_eigenpairs(q, s, n);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      ld want = 0, magnitude = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        const ld t = static_cast<ld>(q[i + k * n]) * s[k] * q[j + k * n];
+        want += t;
+        magnitude += std::fabs(t);
+      }
+      CHECK(x[i + j * n] == x[j + i * n]);
+      // n + 2 roundings (the sqrt, the two scalings, the sum) of at most u each, relative to sum |t|.
+      CHECK(std::fabs(x[i + j * n] - want) <= 4 * (n + 2) * 1.12e-16L * magnitude);
+    }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("host BLAS: reused workspaces give the same roots, bit for bit, whatever ran before", ExecSpace, workspace_reuse) {
+  using Space = typename ExecSpace::memory_space;
+  const ExecSpace space;
+  // SPD A = B B^T / n + 0.1 I for sizes 13, then 3, then 13 again: the second 13 runs on
+  // workspaces that held a larger and then a smaller problem.
+  auto spd = [&](std::size_t n) {
+    const auto b = random_matrix<double, Kokkos::LayoutRight, Space>(n, n, 40 + n);
+    Kokkos::View<double**, Kokkos::LayoutRight, Space> a("a", n, n);
+    lather::impl::kernels::gemm(space, "N", "T", 1.0 / static_cast<double>(n), b, b, 0.0, a);
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+    for (std::size_t i = 0; i < n; ++i) h(i, i) += 0.1;
+    Kokkos::deep_copy(a, h);
+    return a;
+  };
+  const lather::EigenRootInverse strategy;
+  auto root = [&](const Kokkos::View<double**, Kokkos::LayoutRight, Space>& a) {
+    Kokkos::View<double**, Kokkos::LayoutRight, Space> x("x", a.extent(0), a.extent(0));
+    REQUIRE(strategy.compute(space, Kokkos::View<const double**, Kokkos::LayoutRight, Space>(a), 4.0, 0.0, x) ==
+            lather::RootInverseStatus::success);
+    return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  };
+  const auto a13 = spd(13), a3 = spd(3);
+  const auto first = root(a13);
+  (void)root(a3);
+  const auto again = root(a13);
+  for (std::size_t i = 0; i < 13; ++i)
+    for (std::size_t j = 0; j < 13; ++j) CHECK(first(i, j) == again(i, j));
+}
+
+TEST_CASE_TEMPLATE_APPLY(workspace_reuse, lather_test_exec_spaces);
+
+// Kokkos 3.6+ names every fence with a default std::string argument, which allocates; lather's
+// own code then still allocates nothing, but a count of the whole call cannot show it. Counted on
+// the Kokkos this project's CI builds (3.4.1).
+#if LATHER_TEST_COUNTS_HEAP && KOKKOS_VERSION < 30600
+TEST_CASE_TEMPLATE_DEFINE("host BLAS: no heap allocation in a host product or a repeated EigenRootInverse root", ExecSpace, no_allocation) {
+  using Space = typename ExecSpace::memory_space;
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible) {
+    const ExecSpace space;
+    const auto a = random_matrix<float, Kokkos::LayoutRight, Space>(64, 64, 1);
+    auto c = random_matrix<float, Kokkos::LayoutRight, Space>(64, 64, 2);
+    lather::impl::kernels::gemm(space, "N", "T", 1.0f, a, a, 0.0f, c);  // OpenBLAS' own first-call set-up
+    CHECK(heap_allocations([&] { lather::impl::kernels::gemm(space, "N", "T", 1.0f, a, a, 0.0f, c); }) == 0);
+
+    Kokkos::View<float**, Kokkos::LayoutRight, Space> spd("spd", 64, 64), x("x", 64, 64);
+    lather::impl::kernels::gemm(space, "N", "T", 1.0f / 64, a, a, 0.0f, spd);
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), spd);
+    for (int i = 0; i < 64; ++i) h(i, i) += 0.1f;
+    Kokkos::deep_copy(spd, h);
+    const Kokkos::View<const float**, Kokkos::LayoutRight, Space> cspd = spd;
+    const lather::EigenRootInverse strategy;
+    REQUIRE(strategy.compute(space, cspd, 2.0, 1e-6, x) == lather::RootInverseStatus::success);
+    std::int64_t n = -1;
+    n = heap_allocations([&] { (void)strategy.compute(space, cspd, 2.0, 1e-6, x); });
+    CHECK(n == 0);
+    // A smaller matrix after a larger one reuses the same buffers.
+    const auto small = Kokkos::subview(cspd, std::make_pair(0, 13), std::make_pair(0, 13));
+    Kokkos::View<float**, Kokkos::LayoutRight, Space> x13("x13", 13, 13);
+    const Kokkos::View<float**, Kokkos::LayoutRight, Space> s13("s13", 13, 13);
+    Kokkos::deep_copy(s13, small);
+    const Kokkos::View<const float**, Kokkos::LayoutRight, Space> cs13 = s13;
+    n = heap_allocations([&] { (void)strategy.compute(space, cs13, 2.0, 1e-6, x13); });
+    CHECK(n == 0);
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(no_allocation, lather_test_exec_spaces);
+
+namespace {
+// Parameters of every kind a model has: a matrix over the block size (several blocks; its 256 x
+// 256 factor is past the size where Kokkos 3.4 copies host memory in parallel, which allocated),
+// a vector, a 4-D convolution weight (merged dimensions, a middle-dimension product) and a
+// scalar-like (1,) bias; float, as the benchmarks.
+template <class Space>
+std::vector<Kokkos::View<float*, Space>> step_params(std::vector<std::vector<std::int64_t>>& shapes) {
+  shapes = {{300, 13}, {16, 16}, {13}, {4, 3, 3, 3}, {1}};
+  std::vector<Kokkos::View<float*, Space>> v;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    std::int64_t n = 1;
+    for (const auto e : shapes[i]) n *= e;
+    Kokkos::View<float*, Space> x("p", static_cast<std::size_t>(n));
+    auto h = Kokkos::create_mirror_view(x);
+    const auto r = lather::test::random_values(static_cast<std::size_t>(n), 300 + i);
+    for (std::int64_t k = 0; k < n; ++k) h(k) = static_cast<float>(r[static_cast<std::size_t>(k)]);
+    Kokkos::deep_copy(x, h);
+    v.push_back(x);
+  }
+  return v;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an AdamW step allocate nothing after the first",
+                          ExecSpace, step_allocations) {
+  using Space = typename ExecSpace::memory_space;
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible) {
+    const ExecSpace space;
+    std::vector<std::vector<std::int64_t>> shapes;
+    auto flat = step_params<Space>(shapes);
+    std::vector<lather::TensorRef<float, Space>> params;
+    for (std::size_t i = 0; i < flat.size(); ++i)
+      params.emplace_back(flat[i].data(), std::span<const std::int64_t>(shapes[i]));
+    auto grads_flat = step_params<Space>(shapes);
+    std::vector<lather::TensorRef<const float, Space>> grads;
+    for (std::size_t i = 0; i < grads_flat.size(); ++i)
+      grads.emplace_back(grads_flat[i].data(), std::span<const std::int64_t>(shapes[i]));
+
+    lather::ShampooOptions o;
+    o.lr = 1e-3;
+    o.max_preconditioner_dim = 256;  // (300, 13) -> 2 blocks
+    o.epsilon = 1e-6;                // float factors of rank 13 per step: eps 1e-12 is lost in rounding
+    o.precondition_frequency = 3;
+    o.start_preconditioning_step = 3;
+    o.weight_decay = 1e-4;
+    lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting> shampoo(
+        std::span<lather::TensorRef<float, Space>>(params), o, {}, lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
+    // Steps 1-2 graft, 3 is the first root step, 4-5 steady, 6 the next root step.
+    for (int t = 1; t <= 4; ++t) shampoo.step(space, grads);
+    CHECK(heap_allocations([&] { shampoo.step(space, grads); }) == 0);  // step 5: steady
+    CHECK(heap_allocations([&] { shampoo.step(space, grads); }) == 0);  // step 6: roots recomputed
+    CHECK(shampoo.state_dict().tensors.size() > 0);  // (state still readable after the counted steps)
+
+    lather::AdamW<lather::TensorRef<float, Space>, ExecSpace> adamw(std::span<lather::TensorRef<float, Space>>(params),
+                                                                    lather::AdamWOptions{.lr = 1e-3});
+    adamw.step(space, grads);
+    CHECK(heap_allocations([&] { adamw.step(space, grads); }) == 0);
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(step_allocations, lather_test_exec_spaces);
+#endif
+
+#if LATHER_TEST_COUNTS_HEAP
+// The counting operator new (the benchmark's; GPU compilers would compile it for the device too).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void* operator new(std::size_t n) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#endif
+
