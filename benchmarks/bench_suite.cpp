@@ -323,6 +323,42 @@ void shampoo(benchmark::State& state, const std::string& set, const std::vector<
   results()[key] = {t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos};
 }
 
+// kind "period": precondition_frequency 20; after step 20 (every block's first roots), each
+// iteration times one full period of 20 steps one by one, with or without
+// stagger_amortized_computations: the mean step and the longest one (the spike staggering removes).
+constexpr std::int64_t period_frequency = 20;
+void shampoo_period(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
+                    std::int64_t max_dim, bool stagger) {
+  Model model(shapes);
+  auto o = shampoo_options(max_dim, period_frequency);
+  o.stagger_amortized_computations = stagger;
+  ShampooOpt opt(model.params, o, lather::EigenRootInverse{}, lather::AdamGrafting{.epsilon = 1e-8});
+  const ExecSpace space;
+  opt.step(space, model.grads);
+  set_step(opt, period_frequency - 1);
+  opt.step(space, model.grads);
+  double longest = 0, total = 0;
+  std::int64_t steps = 0;
+  for (auto _ : state) {
+    double period = 0;
+    for (std::int64_t k = 0; k < period_frequency; ++k) {
+      const auto t0 = Clock::now();
+      opt.step(space, model.grads);
+      space.fence();
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      longest = std::max(longest, dt);
+      period += dt;
+      ++steps;
+    }
+    state.SetIterationTime(period);
+    total += period;
+  }
+  state.counters["mean_step_ms"] = steps > 0 ? total / static_cast<double>(steps) * 1e3 : 0.0;
+  state.counters["longest_step_ms"] = longest * 1e3;
+  results()["shampoo_period/" + set + "/" + std::to_string(max_dim) + (stagger ? "/stagger" : "/plain")] = {
+      steps > 0 ? total / static_cast<double>(steps) : 0.0, longest, 0, 0, 0, 0, 0};
+}
+
 // Optimizer-state bytes with full (unpacked) factors, from construction (no step needed).
 void shampoo_unpacked_state(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
                             std::int64_t max_dim) {
@@ -441,6 +477,16 @@ void register_all(bool smoke) {
                                    dim)
           ->Iterations(1);
     }
+  for (const auto& s : sets()) {
+    if (s.name == "resnet50") continue;  // 20 steps of seconds each per period: too long for the suite
+    for (const bool stagger : {false, true})
+      benchmark::RegisterBenchmark(
+          ("shampoo_period/" + s.name + "/256/" + (stagger ? "stagger" : "plain")).c_str(), shampoo_period, s.name,
+          s.shapes, std::int64_t{256}, stagger)
+          ->UseManualTime()
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+  }
   for (const std::int64_t n : {128, 256, 512, 1024, 2048}) {
     const int it = std::min(n >= 1024 ? 2 : 5, g_iterations_cap);
     const std::string sn = std::to_string(n);
@@ -527,6 +573,18 @@ void write_summary(const std::string& path, int threads) {
                     a->heap_allocations, a->kokkos_allocations);
       out << buf;
     }
+  out << "\n| set | max dim | F | mean step | longest step | mean step, staggered | longest step, staggered |\n";
+  out << "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const auto& s : sets()) {
+    const Result *pl = find("shampoo_period/" + s.name + "/256/plain"),
+                 *st = find("shampoo_period/" + s.name + "/256/stagger");
+    if (!pl || !st) continue;
+    // Result::flops holds the longest step here (seconds).
+    std::snprintf(buf, sizeof buf, "| %s | 256 | %lld | %.1f ms | %.1f ms | %.1f ms | %.1f ms |\n", s.name.c_str(),
+                  static_cast<long long>(period_frequency), pl->seconds * 1e3, pl->flops * 1e3, st->seconds * 1e3,
+                  st->flops * 1e3);
+    out << buf;
+  }
   out << "\n| n | syevd float | eigen root inverse float | ratio | coupled Newton float | syevd double | "
          "eigen root "
          "inverse double | ratio | coupled Newton double |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: "
