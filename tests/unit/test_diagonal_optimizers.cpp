@@ -269,6 +269,51 @@ void impl_test_reference_all() {
     check_against_reference<lather::AdamW, T, ExecSpace>(o, ref_adam(o, true), "AdamW");
 }
 
+// Adam and AdamW on contiguous parameters take a vectorized host loop (kernels/adam_simd.hpp);
+// strided ones the general kernel. Both must give the same bits: the same parameter values in
+// both layouts, sizes around the vector width and the per-thread chunk, every option the fast
+// path covers.
+template <template <class, class> class Opt, class T, class ExecSpace, class Options>
+void check_contiguous_equals_strided(const Options& o, std::int64_t n) {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  CAPTURE(n);
+  Kokkos::View<T*, M> pc("pc", n), gc("gc", n), big("big", 2 * n), gbig("gbig", 2 * n);
+  Kokkos::View<T*, Kokkos::LayoutStride, M> ps(big.data(), Kokkos::LayoutStride(n, 2)),
+      gs(gbig.data(), Kokkos::LayoutStride(n, 2));
+  const auto w0 = lather::test::random_values(static_cast<std::size_t>(n), 7);
+  lather::test::from_host(lather::tensor_ref(pc), w0);
+  lather::test::from_host(lather::tensor_ref(ps), w0);
+  std::vector<P> contiguous{lather::tensor_ref(pc)}, strided{lather::tensor_ref(ps)};
+  REQUIRE(contiguous[0].is_row_major_contiguous());
+  if (n > 1) REQUIRE(!strided[0].is_row_major_contiguous());  // one element is contiguous in any layout
+  Opt<P, ExecSpace> a(contiguous, o), b(strided, o);
+  for (int t = 1; t <= 5; ++t) {
+    const auto g = lather::test::random_values(static_cast<std::size_t>(n), 50 + t, 3.0);
+    lather::test::from_host(lather::tensor_ref(gc), g);
+    lather::test::from_host(lather::tensor_ref(gs), g);
+    a.step(ExecSpace(), std::vector<P>{lather::tensor_ref(gc)});
+    b.step(ExecSpace(), std::vector<P>{P(lather::tensor_ref(gs))});
+    CAPTURE(t);
+    const auto x = lather::test::to_host(contiguous[0]), y = lather::test::to_host(strided[0]);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) differ += x[i] != y[i] ? 1 : 0;
+    CHECK(differ == 0);
+  }
+}
+
+template <class T, class ExecSpace>
+void impl_test_adam_fast_path() {
+  using lather::AdamOptions, lather::AdamWOptions;
+  for (const std::int64_t n : {1, 3, 4, 13, 4099, 70001})
+    for (const AdamWOptions& o : {AdamWOptions{}, AdamWOptions{.lr = 0.05, .betas = {0.5, 0.9}, .weight_decay = 0.3},
+                                  AdamWOptions{.lr = 0.01, .weight_decay = 0.0, .maximize = true}})
+      check_contiguous_equals_strided<lather::AdamW, T, ExecSpace>(o, n);
+  for (const std::int64_t n : {3, 4099})
+    for (const AdamOptions& o : {AdamOptions{}, AdamOptions{.lr = 0.05, .eps = 1e-3, .weight_decay = 0.1, .maximize = true}})
+      check_contiguous_equals_strided<lather::Adam, T, ExecSpace>(o, n);
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: hand-computed scalar trajectories", ExecSpace, hand_computed) {
@@ -285,3 +330,9 @@ TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: float, against the element-wise 
   impl_test_reference_all<float, ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(ref_float, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("Adam/AdamW: the contiguous host path gives the general kernel's bits", ExecSpace, adam_fast) {
+  impl_test_adam_fast_path<float, ExecSpace>();
+  impl_test_adam_fast_path<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(adam_fast, lather_test_exec_spaces);

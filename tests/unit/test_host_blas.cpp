@@ -127,7 +127,7 @@ TEST_CASE("host BLAS: a strided View is refused by the direct path (Kokkos Kerne
   CHECK_FALSE(lather::impl::blas::column_major(col).ok);
 }
 
-TEST_CASE("host BLAS: the SYRK Gram product fills the upper triangle with X X^T and X^T X") {
+TEST_CASE("host BLAS: the SYRK Gram product fills one triangle with X X^T and X^T X") {
   for (const std::size_t n : {1u, 2u, 3u, 13u})
     for (const std::size_t k : {1u, 4u, 13u}) {
       const auto x = lather::test::random_values(n * k, 100 + n + k);  // column-major n x k
@@ -151,9 +151,25 @@ TEST_CASE("host BLAS: the SYRK Gram product fills the upper triangle with X X^T 
           for (std::size_t l = 0; l < n; ++l) s += static_cast<ld>(x[l + i * n]) * x[l + j * n];
           CHECK(std::fabs(ct[i + j * k] - s) <= 4e-16L * (n + 2));
         }
-      // The strictly lower triangle is not written (FactorCombine reads the upper one only).
+      // The strictly lower triangle is not written.
       for (std::size_t j = 0; j < n; ++j)
         for (std::size_t i = j + 1; i < n; ++i) CHECK(std::isnan(c[i + j * n]));
+      // 'L' (Shampoo's factor updates: FactorCombine reads the lower triangle, contiguously):
+      // the same values mirrored, the strictly upper triangle untouched.
+      std::vector<double> cl(n * n, std::numeric_limits<double>::quiet_NaN());
+      lather::impl::blas::syrk<double>('L', 'N', static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), 1.0,
+                                       x.data(), static_cast<std::int64_t>(n), 0.0, cl.data(),
+                                       static_cast<std::int64_t>(n));
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t i = 0; i < n; ++i) {
+          if (i < j) {
+            CHECK(std::isnan(cl[i + j * n]));
+            continue;
+          }
+          ld s = 0;
+          for (std::size_t l = 0; l < k; ++l) s += static_cast<ld>(x[i + l * n]) * x[j + l * n];
+          CHECK(std::fabs(cl[i + j * n] - s) <= 4e-16L * (k + 2));
+        }
     }
 }
 

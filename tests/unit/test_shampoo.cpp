@@ -2,6 +2,7 @@
 // Shampoo: the reference's golden values (distributed-shampoo-notes section 12), equivalence with
 // the grafted optimizers when preconditioning never starts, the polar factor at step 1, layout
 // independence, bit-identical resume, and failures that leave everything unchanged.
+#include <lather/config.hpp>  // LATHER_ENABLE_EIGEN, read below
 #include <lather/optimizers/adagrad.hpp>
 #include <lather/optimizers/adam.hpp>
 #include <lather/optimizers/rmsprop.hpp>
@@ -198,6 +199,152 @@ void impl_test_polar_factor() {
   lather::test::all_close(got, want, 0.0, 1e-8, "polar factor");
 }
 #endif
+
+#ifdef LATHER_ENABLE_EIGEN
+// Tensor blocks (3-D and 4-D, middle dimensions included, one of them split into blocks)
+// against an independent Eigen implementation of the reference's step: per block and dimension
+// k, L_k = beta2 L_k + (1 - beta2) X_(k) X_(k)^T and P_k = (L_k / bc2 + eps I)^(-1/(2 order))
+// from Eigen's eigensolver, direction X x_0 P_0 x_1 P_1 ..., W -= lr * direction. Double,
+// every step recomputing the roots; 1e-9 relative covers two eigensolvers' differences
+// (the factors' condition numbers here are below 1e3).
+template <class ExecSpace>
+void impl_test_tensor_blocks() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  Kokkos::View<double****, Kokkos::LayoutRight, M> w4("w4", 3, 4, 5, 2), g4("g4", 3, 4, 5, 2);
+  Kokkos::View<double***, Kokkos::LayoutRight, M> w3("w3", 7, 4, 5), g3("g3", 7, 4, 5);
+  std::vector<P> params{lather::tensor_ref(w4), lather::tensor_ref(w3)};
+  std::vector<double> h4 = lather::test::random_values(120, 31), h3 = lather::test::random_values(140, 32);
+  lather::test::from_host(params[0], h4);
+  lather::test::from_host(params[1], h3);
+  const double lr = 0.5, beta2 = 0.9, eps = 1e-8;
+  lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::NoGrafting, lather::ShampooPrecision<double>> opt(
+      params, {.lr = lr, .betas = {0.0, beta2}, .epsilon = eps, .max_preconditioner_dim = 5,
+               .precondition_frequency = 1});
+  REQUIRE(opt.layout(0).merged_shape == std::vector<std::int64_t>{3, 4, 5, 2});
+  REQUIRE(opt.num_blocks(1) == 2);  // (7, 4, 5): rows 5 and 2
+  struct Block {
+    std::vector<double>* host;
+    std::int64_t offset;  // of the block's first element in the row-major parameter
+    std::vector<std::int64_t> extent, strides;
+    std::vector<Eigen::MatrixXd> factors;
+  };
+  std::vector<Block> blocks{{&h4, 0, {3, 4, 5, 2}, {40, 10, 2, 1}, {}},
+                            {&h3, 0, {5, 4, 5}, {20, 5, 1}, {}},
+                            {&h3, 100, {2, 4, 5}, {20, 5, 1}, {}}};
+  for (auto& b : blocks)
+    for (auto e : b.extent) b.factors.push_back(Eigen::MatrixXd::Zero(e, e));
+  for (int t = 1; t <= 3; ++t) {
+    const auto gv4 = lather::test::random_values(120, 40 + t), gv3 = lather::test::random_values(140, 50 + t);
+    lather::test::from_host(lather::tensor_ref(g4), gv4);
+    lather::test::from_host(lather::tensor_ref(g3), gv3);
+    opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g4), lather::tensor_ref(g3)});
+    const double bc2 = 1.0 - std::pow(beta2, t);
+    for (auto& b : blocks) {
+      const auto& gv = b.host == &h4 ? gv4 : gv3;
+      const std::size_t order = b.extent.size();
+      std::int64_t n = 1;
+      for (auto e : b.extent) n *= e;
+      // The block, row-major over its own extents.
+      std::vector<double> x(static_cast<std::size_t>(n));
+      for (std::int64_t e = 0; e < n; ++e) {
+        std::int64_t rem = e, at = b.offset;
+        for (std::size_t k = order; k-- > 0;) {
+          at += (rem % b.extent[k]) * b.strides[k];
+          rem /= b.extent[k];
+        }
+        x[static_cast<std::size_t>(e)] = gv[static_cast<std::size_t>(at)];
+      }
+      for (std::size_t k = 0; k < order; ++k) {
+        std::int64_t outer = 1, inner = 1;
+        for (std::size_t j = 0; j < k; ++j) outer *= b.extent[j];
+        for (std::size_t j = k + 1; j < order; ++j) inner *= b.extent[j];
+        const std::int64_t d = b.extent[k];
+        Eigen::MatrixXd gram = Eigen::MatrixXd::Zero(d, d);
+        for (std::int64_t a = 0; a < outer; ++a)
+          for (std::int64_t i = 0; i < d; ++i)
+            for (std::int64_t j = 0; j < d; ++j)
+              for (std::int64_t c = 0; c < inner; ++c)
+                gram(i, j) += x[static_cast<std::size_t>((a * d + i) * inner + c)] *
+                              x[static_cast<std::size_t>((a * d + j) * inner + c)];
+        b.factors[k] = beta2 * b.factors[k] + (1.0 - beta2) * gram;
+      }
+      std::vector<double> y = x;
+      for (std::size_t k = 0; k < order; ++k) {
+        std::int64_t outer = 1, inner = 1;
+        for (std::size_t j = 0; j < k; ++j) outer *= b.extent[j];
+        for (std::size_t j = k + 1; j < order; ++j) inner *= b.extent[j];
+        const std::int64_t d = b.extent[k];
+        Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(b.factors[k] / bc2);
+        const Eigen::VectorXd s =
+            (es.eigenvalues().array() + eps).pow(-1.0 / (2.0 * static_cast<double>(order))).matrix();
+        const Eigen::MatrixXd root = es.eigenvectors() * s.asDiagonal() * es.eigenvectors().transpose();
+        std::vector<double> z(y.size(), 0.0);
+        for (std::int64_t a = 0; a < outer; ++a)
+          for (std::int64_t i = 0; i < d; ++i)
+            for (std::int64_t c = 0; c < inner; ++c) {
+              double sum = 0;
+              for (std::int64_t j = 0; j < d; ++j) sum += y[static_cast<std::size_t>((a * d + j) * inner + c)] * root(j, i);
+              z[static_cast<std::size_t>((a * d + i) * inner + c)] = sum;
+            }
+        y = std::move(z);
+      }
+      for (std::int64_t e = 0; e < n; ++e) {
+        std::int64_t rem = e, at = b.offset;
+        for (std::size_t k = order; k-- > 0;) {
+          at += (rem % b.extent[k]) * b.strides[k];
+          rem /= b.extent[k];
+        }
+        (*b.host)[static_cast<std::size_t>(at)] -= lr * y[static_cast<std::size_t>(e)];
+      }
+    }
+    CAPTURE(t);
+    lather::test::all_close(lather::test::to_host(params[0]), h4, 1e-9, 1e-12, "4-D block");
+    lather::test::all_close(lather::test::to_host(params[1]), h3, 1e-9, 1e-12, "3-D blocks");
+  }
+}
+#endif
+
+// A parameter's blocks run side by side on a multi-threaded host space (set_block_concurrency,
+// on by default): the same BLAS calls and element loops per block as the sequential path, so
+// the same bits, root steps (factor backups) included; 2-D, 3-D (middle dimension) and 1-D
+// blocks of unequal sizes, float and double. On Serial both runs take the sequential path.
+template <class T, class ExecSpace>
+void impl_test_block_concurrency() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  auto run = [](bool concurrent) {
+    Kokkos::View<T**, Kokkos::LayoutRight, M> w("w", 9, 10), g("g", 9, 10);
+    Kokkos::View<T***, Kokkos::LayoutRight, M> c("c", 6, 4, 5), gc("gc", 6, 4, 5);
+    Kokkos::View<T*, M> b("b", 13), gb("gb", 13);
+    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(c), lather::tensor_ref(b)};
+    for (std::size_t i = 0; i < params.size(); ++i)
+      lather::test::from_host(params[i], lather::test::random_values(static_cast<std::size_t>(params[i].size()), 60 + i));
+    lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<T>> opt(
+        params, {.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
+                 .precondition_frequency = 2},
+        {}, {.epsilon = 1e-8});
+    CHECK(opt.block_concurrency());
+    opt.set_block_concurrency(concurrent);
+    CHECK(opt.num_blocks(0) == 9);
+    CHECK(opt.num_blocks(1) == 4);
+    CHECK(opt.num_blocks(2) == 4);
+    for (int t = 1; t <= 6; ++t) {
+      lather::test::from_host(lather::tensor_ref(g), lather::test::random_values(90, 700 + t));
+      lather::test::from_host(lather::tensor_ref(gc), lather::test::random_values(120, 800 + t));
+      lather::test::from_host(lather::tensor_ref(gb), lather::test::random_values(13, 900 + t));
+      opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g), lather::tensor_ref(gc), lather::tensor_ref(gb)});
+    }
+    std::vector<std::vector<double>> out;
+    for (const auto& p : params) out.push_back(lather::test::to_host(p));
+    return out;
+  };
+  const auto side_by_side = run(true), sequential = run(false);
+  for (std::size_t i = 0; i < side_by_side.size(); ++i) {
+    CAPTURE(i);
+    CHECK(side_by_side[i] == sequential[i]);
+  }
+}
 
 // A parameter in LayoutLeft, LayoutRight or strided gives the same trajectory, and blocking
 // (max_preconditioner_dim smaller than the dimensions) with momentum and Nesterov runs.
@@ -685,6 +832,19 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: step 1 with beta2 = 1 is the polar factor", 
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_polar, lather_test_exec_spaces);
 #endif
+
+#ifdef LATHER_ENABLE_EIGEN
+TEST_CASE_TEMPLATE_DEFINE("shampoo: tensor blocks and middle dimensions against Eigen", ExecSpace, shampoo_tensor_blocks) {
+  impl_test_tensor_blocks<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_tensor_blocks, lather_test_exec_spaces);
+#endif
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: blocks side by side on host threads give the same bits", ExecSpace, shampoo_concurrency) {
+  impl_test_block_concurrency<double, ExecSpace>();
+  impl_test_block_concurrency<float, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_concurrency, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo: layouts, blocking, momentum", ExecSpace, shampoo_layouts) {
   impl_test_layouts_and_blocking<ExecSpace>();

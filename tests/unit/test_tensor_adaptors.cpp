@@ -2,6 +2,7 @@
 // The tensor customization point: Kokkos Views of every strided layout and rank 0-4, Eigen
 // matrices, vectors, maps (col- and row-major, strided), raw pointer + shape, and optimizers
 // constructed over each of them.
+#include <lather/config.hpp>  // LATHER_ENABLE_EIGEN, read below
 #include <lather/concepts/execution.hpp>
 #include <lather/concepts/tensor.hpp>
 #include <lather/optimizers/adam.hpp>
@@ -170,7 +171,8 @@ TEST_CASE("tensor adaptors: Eigen matrices keep their logical (rows, cols) order
   // A strided map: every other row of a 6x2 matrix.
   Eigen::MatrixXd tall(6, 2);
   tall.setZero();
-  Eigen::Map<Eigen::MatrixXd, 0, Eigen::Stride<12, 2>> every_other(tall.data(), 3, 2);
+  // Column-major 6x2: columns 6 apart, rows of the map 2 apart.
+  Eigen::Map<Eigen::MatrixXd, 0, Eigen::Stride<6, 2>> every_other(tall.data(), 3, 2);
   every_other = col;
   auto rm = lather::tensor_ref(every_other);
   CHECK(lather::test::to_host(rm) == expect);

@@ -6,6 +6,7 @@
 #define LATHER_OPTIMIZERS_ADAM_HPP
 
 #include <lather/impl/diagonal_optimizer.hpp>
+#include <lather/impl/kernels/adam_simd.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/label.hpp>
 
@@ -85,7 +86,29 @@ struct AdamAlgorithm {
       Kokkos::parallel_for(Decoupled ? LATHER_LABEL("lather::AdamW::step") : LATHER_LABEL("lather::Adam::step"),
                            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()), k);
     };
-    if (p.is_row_major_contiguous() && g.is_row_major_contiguous()) launch(std::true_type{});
+    const bool contiguous = p.is_row_major_contiguous() && g.is_row_major_contiguous();
+#ifdef LATHER_HAS_ADAM_SIMD
+    // Contiguous host data without amsgrad: the vectorized loop, one chunk per index so each
+    // thread streams a contiguous range (kernels/adam_simd.hpp says why).
+    if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>) &&
+                  Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible &&
+                  Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+      if (contiguous && !o.amsgrad) {
+        constexpr std::int64_t chunk = 4096;
+        const std::int64_t n = p.size();
+        kernels::AdamHostChunks<T> k{
+            p.data(), g.data(), s.fields[0].data(), s.fields[1].data(), n, chunk,
+            {T(o.betas[0]), T(1.0 - o.betas[0]), T(o.betas[1]), T(1.0 - o.betas[1]),
+             T(Decoupled ? 0.0 : o.weight_decay), T(1.0 - o.lr * o.weight_decay), T(o.lr / bias_correction1),
+             T(std::sqrt(bias_correction2)), T(o.eps), o.maximize, Decoupled && o.weight_decay != 0.0}};
+        Kokkos::parallel_for(Decoupled ? LATHER_LABEL("lather::AdamW::step") : LATHER_LABEL("lather::Adam::step"),
+                             Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, (n + chunk - 1) / chunk),
+                             k);
+        return;
+      }
+    }
+#endif
+    if (contiguous) launch(std::true_type{});
     else launch(std::false_type{});
   }
 };

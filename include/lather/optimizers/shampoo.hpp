@@ -310,6 +310,16 @@ class Shampoo {
     m_grad = vector_type("lather::Shampoo::blocked_grad", max_numel);
     m_work0 = vector_type("lather::Shampoo::work0", max_numel);
     m_work1 = vector_type("lather::Shampoo::work1", max_numel);
+    // The unfolded copy of a block for its middle dimensions' products (empty without any).
+    std::int64_t max_unfold = 0;
+    for (const auto& p : m_params)
+      for (const auto& blk : p.blocks)
+        for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+          const auto [outer, d, inner] = unfold(blk.extent, k);
+          if (blk.factors[k].preconditioned && outer > 1 && inner > 1) max_unfold = std::max(max_unfold, outer * d * inner);
+        }
+    if (max_unfold > 0) m_unfold = vector_type("lather::Shampoo::unfolded_block", max_unfold);
+    allocate_block_threads(max_unfold);
     m_intake = impl::GradientIntake<value_type, memory_space, ExecSpace>("Shampoo", m_users.size());
   }
 
@@ -396,6 +406,14 @@ class Shampoo {
   /// skip the whole step (skip_step: nothing changes, step counters included).
   void set_nonfinite_policy(NonFinitePolicy p) noexcept { m_nonfinite_policy = p; }
   [[nodiscard]] NonFinitePolicy nonfinite_policy() const noexcept { return m_nonfinite_policy; }
+  /// \brief Whether a multi-threaded host execution space runs a parameter's blocks side by side
+  /// (one block per thread, each with a single-threaded OpenBLAS; on by default). It applies to
+  /// root-inverse and eigendecomposed Shampoo (not KL) with float/double on the host, where the
+  /// BLAS is OpenBLAS (its thread count is set to 1 during those products, process-wide, and
+  /// restored). The results are the same bits either way; turn it off if other threads of the
+  /// process run BLAS calls at the same time.
+  void set_block_concurrency(bool on) noexcept { m_block_concurrency = on; }
+  [[nodiscard]] bool block_concurrency() const noexcept { return m_block_concurrency; }
   /// Steps on which parameter i's gradient had NaN/Inf values and was skipped.
   [[nodiscard]] std::int64_t nonfinite_skips(std::size_t i) const {
     (void)user(i);
@@ -1515,16 +1533,8 @@ class Shampoo {
                    const blas_matrix_type& b, value_type beta, const blas_matrix_type& c) {
     impl::kernels::gemm(space, ta, tb, alpha, a, b, beta, c);
   }
-  // Whether the host BLAS takes this block directly (host data of float/double on a host
-  // execution space, sizes within its 32-bit ints).
-  static bool host_blas_fits(std::int64_t numel) {
-    if constexpr (impl::blas::host_blas_eligible<ExecSpace, blas_matrix_type, blas_matrix_type, blas_matrix_type>)
-      return impl::blas::fits_int(numel);
-    else
-      return false;
-  }
-  // The Gram matrix X^T X (`transpose_first`) or X X^T into `gram`, of which only the upper
-  // triangle (i <= j) is meaningful afterwards: SYRK, half a product's work, in the host BLAS;
+  // The Gram matrix X^T X (`transpose_first`) or X X^T into `gram`, of which only the lower
+  // triangle (i >= j, column-major) is meaningful afterwards: SYRK, half a product's work, in the host BLAS;
   // a full GEMM where there is no SYRK (Kokkos Kernels on a device).
   static void gram_product(const ExecSpace& space, bool transpose_first, const blas_matrix_type& x,
                            const blas_matrix_type& gram) {
@@ -1534,7 +1544,7 @@ class Shampoo {
       const auto k = static_cast<std::int64_t>(transpose_first ? x.extent(0) : x.extent(1));
       if (impl::blas::fits_int(d) && impl::blas::fits_int(k) && impl::blas::fits_int(rows)) {
         space.fence();
-        impl::blas::syrk<value_type>('U', transpose_first ? 'T' : 'N', d, k, value_type(1), x.data(),
+        impl::blas::syrk<value_type>('L', transpose_first ? 'T' : 'N', d, k, value_type(1), x.data(),
                                      std::max<std::int64_t>(1, rows), value_type(0), gram.data(),
                                      std::max<std::int64_t>(1, d));
         return;
@@ -1556,6 +1566,7 @@ class Shampoo {
     auto& p = m_params[i];
     const double beta2 = o.betas[1];
     const double weight = beta2 == 1.0 ? 1.0 : 1.0 - beta2;
+    if (run_blocks_concurrently(space, p, BlockTask::factors, amortize, beta2, weight)) return;
     for (std::size_t b = 0; b < p.blocks.size(); ++b) {
       auto& blk = p.blocks[b];
       for (std::size_t k = 0; k < blk.factors.size(); ++k) {
@@ -1588,22 +1599,182 @@ class Shampoo {
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_combine"), MD(space, {0, 0}, {d, d}),
                            impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
                                gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
-    } else if (host_blas_fits(outer * d * inner)) {
-      // A middle dimension on the host: X_(k) X_(k)^T = sum over the outer index of the (d x
-      // inner) slices' Gram matrices, one SYRK per slice accumulating into one triangle.
+    } else {
+      // A middle dimension: unfolded to the front (one pass over the block), then one SYRK
+      // with all outer * inner columns, instead of `outer` products of `inner` columns each
+      // (a 3x3 convolution's (out, in, 9) block gave 256 rank-9 updates).
+      const std::int64_t m = outer * inner;
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unfold"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, outer * d),
+                           impl::kernels::UnfoldMode<value_type>{x_data, m_unfold.data(), outer, d, inner, false});
       auto gram = gram_scratch(d);
-      space.fence();
-      for (std::int64_t a = 0; a < outer; ++a)
-        impl::blas::syrk<value_type>('U', 'T', d, inner, value_type(1), x_data + a * d * inner, inner,
-                                     a == 0 ? value_type(0) : value_type(1), gram.data(), d);
+      gram_product(space, true, blas_matrix(m_unfold.data(), m, d), gram);
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_combine"), MD(space, {0, 0}, {d, d}),
                            impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
                                gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
+    }
+  }
+
+  // ---- host block concurrency ("batched" blocks on a CPU) ---------------------------------
+  // A parameter's blocks are independent. On a multi-threaded host space their products run side
+  // by side, one block per thread with a single-threaded BLAS (impl::blas::SingleThreaded), instead
+  // of one block after the other with the BLAS' own threads, which gain little on products of the
+  // usual block sizes (256: 1.05x on 2 threads, docs/performance.md). Same operations and BLAS
+  // calls per block as the sequential path; only the element loops around them run serially
+  // inside the block's thread. Root-inverse and eigendecomposed Shampoo (not KL), float/double.
+  static constexpr bool block_concurrency_possible =
+#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
+      impl::blas::host_blas_eligible<ExecSpace, blas_matrix_type, blas_matrix_type, blas_matrix_type> && !kl &&
+      std::is_same_v<value_type, inverse_factor_type> &&
+      (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed);
+#else
+      false;
+#endif
+  enum class BlockTask { factors, direction };
+
+  // Per-thread work matrices: a Gram / unpacked-inverse matrix of the largest factor dimension and
+  // an unfolded copy of the largest block with a middle dimension (construction only).
+  void allocate_block_threads(std::int64_t max_unfold) {
+    if constexpr (block_concurrency_possible) {
+      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size();
+      bool any = false;
+      std::int64_t max_d = 0;
+      for (const auto& p : m_params) {
+        if (p.blocks.size() < 2) continue;
+        for (const auto& blk : p.blocks) {
+          for (const auto& f : blk.factors)
+            if (f.preconditioned) max_d = std::max(max_d, f.dim);
+          any = any || impl::blas::fits_int(numel_of(blk.extent));
+        }
+      }
+      if (threads < 2 || !any || max_d == 0) return;
+      for (int t = 0; t < threads; ++t) {
+        m_thread_gram.emplace_back("lather::Shampoo::thread_gram", max_d * max_d);
+        m_thread_unfold.emplace_back("lather::Shampoo::thread_unfolded_block", max_unfold);
+      }
     } else {
-      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_update"), MD(space, {0, 0}, {d, d}),
-                           impl::kernels::FactorUpdate<value_type, factor_type>{
-                               x_data, outer, d, inner, f.factor_storage(), factor_type(beta2), factor_type(weight),
-                               beta2 != 1.0});
+      (void)max_unfold;
+    }
+  }
+
+  // Runs `task` for every block of p on the host threads when that applies; false otherwise (the
+  // caller then runs its sequential path).
+  bool run_blocks_concurrently(const ExecSpace& space, ParamState& p, BlockTask task, bool amortize, double beta2,
+                               double weight) {
+    if constexpr (block_concurrency_possible) {
+      if (!m_block_concurrency || p.blocks.size() < 2 || m_thread_gram.empty() || space.concurrency() < 2) return false;
+      // Worth it when the BLAS' own threads gain little (products of dimension <= 512, measured) or
+      // when there are enough blocks to keep every thread busy; a few large blocks of unequal
+      // sizes (gpt2-block's (2304, 768) at 1024: 1024, 1024, 256 rows) do better on all threads each.
+      std::int64_t largest = 0;
+      for (const auto& blk : p.blocks) {
+        if (!impl::blas::fits_int(numel_of(blk.extent))) return false;
+        for (const auto e : blk.extent) largest = std::max(largest, e);
+      }
+      const auto threads = static_cast<std::size_t>(space.concurrency());
+      if (largest > 512 && p.blocks.size() < 2 * threads) return false;
+      impl::blas::SingleThreaded single;
+      if (!single.active()) return false;  // the BLAS' own threads would oversubscribe the cores
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::blocks"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>, Kokkos::IndexType<std::int64_t>>(
+                               space, 0, static_cast<std::int64_t>(p.blocks.size())),
+                           BlockRunner{this, &p, Kokkos::Experimental::UniqueToken<ExecSpace>(space), task, amortize,
+                                       beta2, weight});
+      space.fence();  // the guard restores the BLAS' threads when this returns
+      return true;
+    } else {
+      (void)space, (void)p, (void)task, (void)amortize, (void)beta2, (void)weight;
+      return false;
+    }
+  }
+
+  // Host functor (never a device one: block_concurrency_possible is false in GPU builds).
+  struct BlockRunner {
+    Shampoo* self;
+    ParamState* p;
+    Kokkos::Experimental::UniqueToken<ExecSpace> token;
+    BlockTask task;
+    bool amortize;
+    double beta2, weight;
+    void operator()(std::int64_t b) const {
+      const int t = token.acquire();
+      auto& blk = p->blocks[static_cast<std::size_t>(b)];
+      value_type* gram = self->m_thread_gram[static_cast<std::size_t>(t)].data();
+      value_type* unfolded = self->m_thread_unfold[static_cast<std::size_t>(t)].data();
+      if (task == BlockTask::factors) self->block_factors(*p, static_cast<std::size_t>(b), amortize, beta2, weight, gram, unfolded);
+      else self->block_direction(blk, gram, unfolded);
+      token.release(t);
+    }
+  };
+
+  // accumulate_factor for every factor of block b, serially in the calling thread.
+  void block_factors(ParamState& p, std::size_t b, bool amortize, double beta2, double weight, value_type* gram_data,
+                     value_type* unfolded) {
+    auto& blk = p.blocks[b];
+    for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+      auto& f = blk.factors[k];
+      if (!f.preconditioned) continue;
+      const std::int64_t stored = static_cast<std::int64_t>(f.factor.extent(0));
+      if (amortize && block_amortized(p.group, blk.ordinal)) {
+        const impl::kernels::CopyBlock<factor_type> copy{f.factor.data(), p.backup[b][k].data()};
+        for (std::int64_t e = 0; e < stored; ++e) copy(e);
+      }
+      const value_type* x = m_grad.data() + blk.begin;
+      const auto [outer, d, inner] = unfold(blk.extent, k);
+      if (outer == 1) {
+        impl::blas::syrk<value_type>('L', 'T', d, inner, value_type(1), x, std::max<std::int64_t>(1, inner), value_type(0),
+                                     gram_data, std::max<std::int64_t>(1, d));
+      } else if (inner == 1) {
+        impl::blas::syrk<value_type>('L', 'N', d, outer, value_type(1), x, std::max<std::int64_t>(1, d), value_type(0),
+                                     gram_data, std::max<std::int64_t>(1, d));
+      } else {
+        const std::int64_t m = outer * inner;
+        const impl::kernels::UnfoldMode<value_type> to_front{x, unfolded, outer, d, inner, false};
+        for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
+        impl::blas::syrk<value_type>('L', 'T', d, m, value_type(1), unfolded, m, value_type(0), gram_data, d);
+      }
+      const impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type> combine{
+          blas_matrix(gram_data, d, d), f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0};
+      for (std::int64_t i = 0; i < d; ++i)
+        for (std::int64_t j = 0; j < d; ++j) combine(i, j);
+    }
+  }
+
+  // apply_inverse_factors for one block in work0 (result back in work0), serially in the calling
+  // thread: `pm` holds each unpacked inverse factor in turn.
+  void block_direction(const block_state_type& blk, value_type* pm, value_type* unfolded) {
+    value_type* const x = m_work0.data() + blk.begin;
+    value_type* const y = m_work1.data() + blk.begin;
+    value_type* from = x;
+    for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+      const auto& f = blk.factors[k];
+      if (!f.preconditioned) continue;
+      const auto [outer, d, inner] = unfold(blk.extent, k);
+      value_type* to = from == x ? y : x;
+      const impl::kernels::Unpack<inverse_factor_type, blas_matrix_type> unpack{{f.inverse_factor.data(), f.dim, f.packed},
+                                                                                blas_matrix(pm, d, d)};
+      for (std::int64_t i = 0; i < d; ++i)
+        for (std::int64_t j = 0; j < d; ++j) unpack(i, j);
+      if (outer == 1) {
+        impl::blas::gemm<value_type>('N', 'N', inner, d, d, value_type(1), from, std::max<std::int64_t>(1, inner), pm,
+                                     std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, inner));
+        from = to;
+      } else if (inner == 1) {
+        impl::blas::gemm<value_type>('T', 'N', d, outer, d, value_type(1), pm, std::max<std::int64_t>(1, d), from,
+                                     std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, d));
+        from = to;
+      } else {
+        const std::int64_t m = outer * inner;
+        const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
+        for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
+        impl::blas::gemm<value_type>('N', 'N', m, d, d, value_type(1), unfolded, m, pm, d, value_type(0), to, m);
+        const impl::kernels::UnfoldMode<value_type> back{to, from, outer, d, inner, true};
+        for (std::int64_t r = 0; r < outer * d; ++r) back(r);
+      }
+    }
+    if (from != x) {
+      const std::int64_t n = numel_of(blk.extent);
+      for (std::int64_t e = 0; e < n; ++e) x[e] = from[e];
     }
   }
 
@@ -1839,7 +2010,9 @@ class Shampoo {
                              impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
                                  m_work0, p.graft_state, p.block_begin, p.norms, 0, gs, Grafting::has_state});
       }
+      const bool concurrent = run_blocks_concurrently(space, p, BlockTask::direction, false, 0.0, 0.0);
       for (const auto& blk : p.blocks) {
+        if (concurrent) break;  // done above, block by block on the host threads
         value_type* x = m_work0.data() + blk.begin;
         value_type* y = m_work1.data() + blk.begin;
         value_type* result = x;
@@ -1870,8 +2043,9 @@ class Shampoo {
                              Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
                              impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
                                  direction, vector_type(), p.block_begin, p.norms, 1, gs, false});
-        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::graft_scale"), Range(space, 0, numel),
-                             impl::kernels::GraftScale<value_type, memory_space>{direction, p.block_begin, p.norms, nb});
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::graft_scale"),
+                             Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
+                             impl::kernels::GraftScale<value_type, memory_space, ExecSpace>{direction, p.block_begin, p.norms});
       }
     }
     // DDP: the update (decoupled decay folded in, notes 6.1.6) goes through the all-gather, or
@@ -1939,17 +2113,16 @@ class Shampoo {
           from = to;
           continue;
         }
-        if (host_blas_fits(outer * d * inner)) {
-          // A middle dimension on the host: per outer index a, the (d x inner) slice X_a becomes
-          // P^T X_a, i.e. X_a^T P in column-major terms: one GEMM per slice.
-          const auto pm = unpacked_inverse(space, f, d);
-          space.fence();
-          for (std::int64_t a = 0; a < outer; ++a)
-            impl::blas::gemm<value_type>('N', 'N', inner, d, d, value_type(1), from + a * d * inner, inner, pm.data(),
-                                         d, value_type(0), to + a * d * inner, inner);
-          from = to;
-          continue;
-        }
+        // A middle dimension: unfolded to the front as T (d rows of outer * inner), one GEMM
+        // P^T T (column-major: T^T P) into `to`, folded back into `from`.
+        const std::int64_t m = outer * inner;
+        const auto pm = unpacked_inverse(space, f, d);
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unfold"), Range(space, 0, outer * d),
+                             impl::kernels::UnfoldMode<value_type>{from, m_unfold.data(), outer, d, inner, false});
+        gemm(space, "N", "N", value_type(1), blas_matrix(m_unfold.data(), m, d), pm, value_type(0), blas_matrix(to, m, d));
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::fold"), Range(space, 0, outer * d),
+                             impl::kernels::UnfoldMode<value_type>{to, from, outer, d, inner, true});
+        continue;
       }
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::precondition"), Range(space, 0, outer * d * inner),
                            impl::kernels::ModeProduct<value_type, inverse_factor_type>{
@@ -2331,7 +2504,8 @@ class Shampoo {
   std::vector<ParamState> m_params;  // pieces
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
   std::map<std::size_t, vector_type> m_gram, m_gram2;
-  vector_type m_grad, m_work0, m_work1;
+  vector_type m_grad, m_work0, m_work1, m_unfold;
+  std::vector<vector_type> m_thread_gram, m_thread_unfold;  // host block concurrency, per thread
   impl::ShampooStepInfo m_info;
   impl::GradientIntake<value_type, memory_space, ExecSpace> m_intake;
   // step()'s reused host buffers (see step()).
@@ -2342,6 +2516,7 @@ class Shampoo {
   std::vector<char> m_status_set;
   std::vector<std::int64_t> m_failed_ranks;
   NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
+  bool m_block_concurrency = true;
 };
 
 template <class P>

@@ -34,7 +34,47 @@ void dsyrk_(const char* uplo, const char* trans, const int* n, const int* k, con
             std::size_t trans_len);
 }
 
+// OpenBLAS' thread control, found at run time: weak, so that lather links against any BLAS
+// (the symbols are null where the BLAS is not OpenBLAS). Host-only builds with GCC/Clang.
+#if defined(__GNUC__) && !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
+#define LATHER_HAS_BLAS_THREAD_CONTROL 1
+extern "C" {
+int openblas_get_num_threads(void) __attribute__((weak));
+void openblas_set_num_threads(int) __attribute__((weak));
+}
+#endif
+
 namespace lather::impl::blas {
+
+/// \brief While alive, OpenBLAS runs single-threaded (its previous thread count is restored on
+/// destruction): for products that lather itself runs side by side on several threads.
+/// `active()` is false where the BLAS offers no such control (not OpenBLAS, or a GPU build), and
+/// then nothing is changed. The setting is process-wide for the guard's lifetime.
+class SingleThreaded {
+ public:
+  SingleThreaded() {
+#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
+    if (openblas_get_num_threads != nullptr && openblas_set_num_threads != nullptr) {
+      m_previous = openblas_get_num_threads();
+      if (m_previous > 1) openblas_set_num_threads(1);
+      m_active = true;
+    }
+#endif
+  }
+  ~SingleThreaded() {
+#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
+    if (m_active && m_previous > 1) openblas_set_num_threads(m_previous);
+#endif
+  }
+  SingleThreaded(const SingleThreaded&) = delete;
+  SingleThreaded& operator=(const SingleThreaded&) = delete;
+  [[nodiscard]] bool active() const { return m_active; }
+
+ private:
+  int m_previous = 1;
+  bool m_active = false;
+};
+
 
 /// float or double: what the Fortran BLAS takes.
 template <class T>
