@@ -1521,6 +1521,9 @@ class Shampoo {
   static blas_matrix_type blas_matrix(value_type* data, std::int64_t rows, std::int64_t cols) {
     return blas_matrix_type(data, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
   }
+  // Products of host data on a host space go to the host BLAS (impl/backends/blas.hpp) directly.
+  static constexpr bool host_products =
+      impl::blas::host_blas_eligible<ExecSpace, blas_matrix_type, blas_matrix_type, blas_matrix_type>;
   // A d x d work matrix of the parameters' type (Gram matrices, unpacked inverse factors);
   // allocated once per size at construction.
   blas_matrix_type gram_scratch(std::int64_t d) const {
@@ -1538,7 +1541,7 @@ class Shampoo {
   // a full GEMM where there is no SYRK (Kokkos Kernels on a device).
   static void gram_product(const ExecSpace& space, bool transpose_first, const blas_matrix_type& x,
                            const blas_matrix_type& gram) {
-    if constexpr (impl::blas::host_blas_eligible<ExecSpace, blas_matrix_type, blas_matrix_type, blas_matrix_type>) {
+    if constexpr (host_products) {
       const auto d = static_cast<std::int64_t>(gram.extent(0));
       const auto rows = static_cast<std::int64_t>(x.extent(0));
       const auto k = static_cast<std::int64_t>(transpose_first ? x.extent(0) : x.extent(1));
@@ -1589,16 +1592,13 @@ class Shampoo {
   void accumulate_factor(const ExecSpace& space, factor_state_type& f, value_type* x_data,
                          const std::vector<std::int64_t>& extent, std::size_t k, double beta2, double weight) {
     const auto [outer, d, inner] = unfold(extent, k);
-    using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
     if (outer == 1 || inner == 1) {
       // A first or last dimension: the Gram matrix is one GEMM (vendor BLAS where Kokkos
       // Kernels has it), then combined with the reference's formula.
       auto gram = gram_scratch(d);
       const auto x = blas_matrix(x_data, outer == 1 ? inner : d, outer == 1 ? d : outer);
       gram_product(space, outer == 1, x, gram);
-      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_combine"), MD(space, {0, 0}, {d, d}),
-                           impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
-                               gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
+      combine_factor(space, f, gram, beta2, weight);
     } else {
       // A middle dimension: unfolded to the front (one pass over the block), then one SYRK
       // with all outer * inner columns, instead of `outer` products of `inner` columns each
@@ -1609,7 +1609,24 @@ class Shampoo {
                            impl::kernels::UnfoldMode<value_type>{x_data, m_unfold.data(), outer, d, inner, false});
       auto gram = gram_scratch(d);
       gram_product(space, true, blas_matrix(m_unfold.data(), m, d), gram);
-      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_combine"), MD(space, {0, 0}, {d, d}),
+      combine_factor(space, f, gram, beta2, weight);
+    }
+  }
+
+  // L = beta2 L + w S with the Gram matrix S (lower triangle meaningful): by rows on the host
+  // (contiguous, balanced), by elements on devices (coalesced).
+  static void combine_factor(const ExecSpace& space, factor_state_type& f, const blas_matrix_type& gram, double beta2,
+                             double weight) {
+    const std::int64_t d = f.dim;
+    if constexpr (host_products) {
+      using Rows = impl::kernels::FactorCombineRows<value_type, factor_type>;
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_combine"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, Rows::iterations(d)),
+                           Rows{gram.data(), f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
+    } else {
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_combine"),
+                           Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                               space, {0, 0}, {d, d}),
                            impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type>{
                                gram, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
     }
@@ -1624,7 +1641,7 @@ class Shampoo {
   // inside the block's thread. Root-inverse and eigendecomposed Shampoo (not KL), float/double.
   static constexpr bool block_concurrency_possible =
 #ifdef LATHER_HAS_BLAS_THREAD_CONTROL
-      impl::blas::host_blas_eligible<ExecSpace, blas_matrix_type, blas_matrix_type, blas_matrix_type> && !kl &&
+      host_products && !kl &&
       std::is_same_v<value_type, inverse_factor_type> &&
       (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed);
 #else
@@ -1733,10 +1750,9 @@ class Shampoo {
         for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
         impl::blas::syrk<value_type>('L', 'T', d, m, value_type(1), unfolded, m, value_type(0), gram_data, d);
       }
-      const impl::kernels::FactorCombine<value_type, factor_type, blas_matrix_type> combine{
-          blas_matrix(gram_data, d, d), f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0};
-      for (std::int64_t i = 0; i < d; ++i)
-        for (std::int64_t j = 0; j < d; ++j) combine(i, j);
+      const impl::kernels::FactorCombineRows<value_type, factor_type> combine{
+          gram_data, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0};
+      for (std::int64_t r = 0; r < combine.iterations(d); ++r) combine(r);
     }
   }
 
@@ -1751,6 +1767,22 @@ class Shampoo {
       if (!f.preconditioned) continue;
       const auto [outer, d, inner] = unfold(blk.extent, k);
       value_type* to = from == x ? y : x;
+      if (f.packed && impl::blas::fits_int(outer * inner)) {
+        // Packed: one triangle unpacked, then SYMM (as apply_inverse_factors).
+        const impl::kernels::UnpackLower<inverse_factor_type, value_type> lower{{f.inverse_factor.data(), f.dim, true}, pm};
+        for (std::int64_t r = 0; r < lower.iterations(d); ++r) lower(r);
+        if (outer != 1 && inner != 1) {
+          const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
+          for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
+          mode_product_symm(outer, d, inner, pm, unfolded, to);
+          const impl::kernels::UnfoldMode<value_type> back{to, from, outer, d, inner, true};
+          for (std::int64_t r = 0; r < outer * d; ++r) back(r);
+        } else {
+          mode_product_symm(outer, d, inner, pm, from, to);
+          from = to;
+        }
+        continue;
+      }
       const impl::kernels::Unpack<inverse_factor_type, blas_matrix_type> unpack{{f.inverse_factor.data(), f.dim, f.packed},
                                                                                 blas_matrix(pm, d, d)};
       for (std::int64_t i = 0; i < d; ++i)
@@ -2090,6 +2122,22 @@ class Shampoo {
     return pm;
   }
 
+  // The mode-k product of a block with a symmetric inverse factor P whose lower triangle is in the
+  // column-major d x d `pm`, in the host BLAS: first dimension Y = X P (column-major view of the
+  // row-major block: inner x d), last Y = P X (d x outer), a middle one on the block unfolded to
+  // the front (outer * inner x d). Same products as the GEMM forms, reading one triangle.
+  static void mode_product_symm(std::int64_t outer, std::int64_t d, std::int64_t inner, const value_type* pm,
+                                const value_type* x, value_type* y) {
+    if (inner == 1 && outer != 1) {
+      impl::blas::symm<value_type>('L', 'L', d, outer, value_type(1), pm, std::max<std::int64_t>(1, d), x,
+                                   std::max<std::int64_t>(1, d), value_type(0), y, std::max<std::int64_t>(1, d));
+    } else {
+      const std::int64_t m = outer * inner;
+      impl::blas::symm<value_type>('R', 'L', m, d, value_type(1), pm, std::max<std::int64_t>(1, d), x,
+                                   std::max<std::int64_t>(1, m), value_type(0), y, std::max<std::int64_t>(1, m));
+    }
+  }
+
   // Root-inverse kinds: successive mode products of the block x with the inverse factors,
   // ping-pong between x and y (one GEMM for a first or last dimension when the types allow);
   // returns where the result is.
@@ -2102,6 +2150,27 @@ class Shampoo {
       const auto [outer, d, inner] = unfold(blk.extent, k);
       value_type* to = from == x ? y : x;
       if constexpr (std::is_same_v<value_type, inverse_factor_type>) {
+        if constexpr (host_products) {
+          if (f.packed && impl::blas::fits_int(outer * inner) && impl::blas::fits_int(d)) {
+            // Packed (symmetric by construction): one triangle unpacked, then SYMM.
+            using Lower = impl::kernels::UnpackLower<inverse_factor_type, value_type>;
+            value_type* const pm = gram_scratch(d).data();
+            Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unpack_inverse"), Range(space, 0, Lower::iterations(d)),
+                                 Lower{{f.inverse_factor.data(), f.dim, true}, pm});
+            if (outer != 1 && inner != 1)
+              Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unfold"), Range(space, 0, outer * d),
+                                   impl::kernels::UnfoldMode<value_type>{from, m_unfold.data(), outer, d, inner, false});
+            space.fence();
+            mode_product_symm(outer, d, inner, pm, outer != 1 && inner != 1 ? m_unfold.data() : from, to);
+            if (outer != 1 && inner != 1) {
+              Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::fold"), Range(space, 0, outer * d),
+                                   impl::kernels::UnfoldMode<value_type>{to, from, outer, d, inner, true});
+              continue;
+            }
+            from = to;
+            continue;
+          }
+        }
         if (outer == 1 || inner == 1) {
           // One GEMM with the (unpacked) inverse factor P: Y = P^T X (first dimension) or
           // X P (last), in column-major terms on the row-major block.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// \file
-/// \brief Private. The host BLAS-3 routines lather calls directly (GEMM and SYRK), declared by hand
+/// \brief Private. The host BLAS-3 routines lather calls directly (GEMM, SYRK, SYMM), declared by hand
 /// like the LAPACK ones (lather links `LAPACK::LAPACK`, which brings the BLAS), and the dispatch
 /// that sends host-resident products to them instead of through `KokkosBlas::gemm`.
 ///
@@ -32,6 +32,12 @@ void ssyrk_(const char* uplo, const char* trans, const int* n, const int* k, con
 void dsyrk_(const char* uplo, const char* trans, const int* n, const int* k, const double* alpha, const double* a,
             const int* lda, const double* beta, double* c, const int* ldc, std::size_t uplo_len,
             std::size_t trans_len);
+void ssymm_(const char* side, const char* uplo, const int* m, const int* n, const float* alpha, const float* a,
+            const int* lda, const float* b, const int* ldb, const float* beta, float* c, const int* ldc,
+            std::size_t side_len, std::size_t uplo_len);
+void dsymm_(const char* side, const char* uplo, const int* m, const int* n, const double* alpha, const double* a,
+            const int* lda, const double* b, const int* ldb, const double* beta, double* c, const int* ldc,
+            std::size_t side_len, std::size_t uplo_len);
 }
 
 // OpenBLAS' thread control, found at run time: weak, so that lather links against any BLAS
@@ -105,6 +111,20 @@ void syrk(char uplo, char trans, std::int64_t n, std::int64_t k, T alpha, const 
   const int in = static_cast<int>(n), ik = static_cast<int>(k), ia = static_cast<int>(lda), ic = static_cast<int>(ldc);
   if constexpr (std::is_same_v<T, double>) dsyrk_(&uplo, &trans, &in, &ik, &alpha, a, &ia, &beta, c, &ic, 1, 1);
   else ssyrk_(&uplo, &trans, &in, &ik, &alpha, a, &ia, &beta, c, &ic, 1, 1);
+}
+
+/// C (m x n) = alpha A B + beta C (`side` 'L', A m x m) or alpha B A + beta C (`side` 'R', A n x n),
+/// A symmetric of which only the `uplo` triangle is read; column-major. Lets a packed symmetric
+/// matrix be unpacked into one triangle only (contiguous) instead of both.
+template <class T>
+void symm(char side, char uplo, std::int64_t m, std::int64_t n, T alpha, const T* a, std::int64_t lda, const T* b,
+          std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  static_assert(is_blas_scalar<T>);
+  if (m == 0 || n == 0) return;
+  const int im = static_cast<int>(m), in = static_cast<int>(n);
+  const int ia = static_cast<int>(lda), ib = static_cast<int>(ldb), ic = static_cast<int>(ldc);
+  if constexpr (std::is_same_v<T, double>) dsymm_(&side, &uplo, &im, &in, &alpha, a, &ia, b, &ib, &beta, c, &ic, 1, 1);
+  else ssymm_(&side, &uplo, &im, &in, &alpha, a, &ia, b, &ib, &beta, c, &ic, 1, 1);
 }
 
 /// \brief A rank-2 View seen as column-major storage: `data` with leading dimension `ld` holds
