@@ -305,45 +305,100 @@ void impl_test_tensor_blocks() {
 }
 #endif
 
-// A parameter's blocks run side by side on a multi-threaded host space (set_block_concurrency,
-// on by default): the same BLAS calls and element loops per block as the sequential path, so
-// the same bits, root steps (factor backups) included; 2-D, 3-D (middle dimension) and 1-D
-// blocks of unequal sizes, float and double. On Serial both runs take the sequential path.
-template <class T, class ExecSpace>
-void impl_test_block_concurrency() {
+// On host spaces every block's step runs as one task (the fused host path: gather, factor update,
+// filtering, norms, products, update in one thread, blocks of all parameters side by side) unless
+// set_block_concurrency(false) selects the per-parameter kernels. Same operations per element,
+// same BLAS calls, same norm summation order: the same bits, root steps (factor backups)
+// included. Covered: 2-D, 3-D (middle dimension), 1-D and scalar blocks of unequal sizes, a
+// LayoutLeft parameter and gradient (the element-wise fallbacks), a parameter without a gradient
+// on some steps, a parameter whose one block dominates (the per-parameter path inside a fused
+// step on 2 threads), and the option forms of the vectorized loops: momentum with and without
+// Nesterov, L2 / decoupled decay, beta1 = 0, a separate beta3, no bias correction, graft-only
+// steps before start_preconditioning_step, iterate averaging, full (unpacked) factors; Adam,
+// SGD and no grafting; float and double.
+template <class T, class ExecSpace, class Grafting>
+void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) {
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<T, M>;
-  auto run = [](bool concurrent) {
+  auto run = [&](bool fused) {
     Kokkos::View<T**, Kokkos::LayoutRight, M> w("w", 9, 10), g("g", 9, 10);
     Kokkos::View<T***, Kokkos::LayoutRight, M> c("c", 6, 4, 5), gc("gc", 6, 4, 5);
     Kokkos::View<T*, M> b("b", 13), gb("gb", 13);
-    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(c), lather::tensor_ref(b)};
+    Kokkos::View<T**, Kokkos::LayoutLeft, M> l("l", 7, 6), gl("gl", 7, 6);
+    Kokkos::View<T, M> s("s"), gs("gs");
+    Kokkos::View<T**, Kokkos::LayoutRight, M> big("big", 300, 8), gbig("gbig", 300, 8);
+    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(c), lather::tensor_ref(b), lather::tensor_ref(l),
+                          lather::tensor_ref(s)};
+    if (variant == 1) params.push_back(lather::tensor_ref(big));
     for (std::size_t i = 0; i < params.size(); ++i)
       lather::test::from_host(params[i], lather::test::random_values(static_cast<std::size_t>(params[i].size()), 60 + i));
-    lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<T>> opt(
-        params, {.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
-                 .precondition_frequency = 2},
-        {}, {.epsilon = 1e-8});
+    lather::ShampooOptions o = options;
+    lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, Grafting, lather::ShampooPrecision<T>> opt(params, o, {}, {});
     CHECK(opt.block_concurrency());
-    opt.set_block_concurrency(concurrent);
-    CHECK(opt.num_blocks(0) == 9);
-    CHECK(opt.num_blocks(1) == 4);
-    CHECK(opt.num_blocks(2) == 4);
-    for (int t = 1; t <= 6; ++t) {
+    opt.set_block_concurrency(fused);
+    for (int t = 1; t <= 7; ++t) {
       lather::test::from_host(lather::tensor_ref(g), lather::test::random_values(90, 700 + t));
       lather::test::from_host(lather::tensor_ref(gc), lather::test::random_values(120, 800 + t));
       lather::test::from_host(lather::tensor_ref(gb), lather::test::random_values(13, 900 + t));
-      opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g), lather::tensor_ref(gc), lather::tensor_ref(gb)});
+      lather::test::from_host(lather::tensor_ref(gl), lather::test::random_values(42, 1000 + t));
+      lather::test::from_host(lather::tensor_ref(gs), lather::test::random_values(1, 1100 + t));
+      lather::test::from_host(lather::tensor_ref(gbig), lather::test::random_values(2400, 1200 + t));
+      std::vector<P> grads{lather::tensor_ref(g), lather::tensor_ref(gc), lather::tensor_ref(gb), lather::tensor_ref(gl),
+                           lather::tensor_ref(gs)};
+      if (variant == 1) grads.push_back(lather::tensor_ref(gbig));
+      if (t == 3) grads[1] = P();  // no gradient for the 3-D parameter on this step
+      opt.step(ExecSpace(), grads);
+      // Both paths really ran: with fusion every block with a gradient is a task (twice on
+      // amortized steps: factors, then directions), except the wide parameter's on 2 threads.
+      std::int64_t tasks = 0;
+      for (std::size_t i = 0; fused && i < params.size(); ++i) {
+        if ((t == 3 && i == 1) || (i == 5 && ExecSpace().concurrency() > 1)) continue;
+        tasks += static_cast<std::int64_t>(opt.num_blocks(i));
+      }
+      if (opt.last_step_info().amortized) tasks *= 2;
+      CAPTURE(t);
+      CHECK(opt.last_step_info().fused_blocks == tasks);
+      // Root steps: the roots as host tasks exactly when fused on several threads.
+      const bool side_by_side = fused && ExecSpace().concurrency() > 1 && opt.last_step_info().amortized;
+      CHECK((opt.last_step_info().roots_side_by_side > 0) == side_by_side);
     }
     std::vector<std::vector<double>> out;
     for (const auto& p : params) out.push_back(lather::test::to_host(p));
     return out;
   };
-  const auto side_by_side = run(true), sequential = run(false);
-  for (std::size_t i = 0; i < side_by_side.size(); ++i) {
+  const auto fused = run(true), per_parameter = run(false);
+  for (std::size_t i = 0; i < fused.size(); ++i) {
+    CAPTURE(variant);
     CAPTURE(i);
-    CHECK(side_by_side[i] == sequential[i]);
+    CHECK(fused[i] == per_parameter[i]);
   }
+}
+
+template <class T, class ExecSpace>
+void impl_test_block_concurrency() {
+  const lather::ShampooOptions base{.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
+                                    .precondition_frequency = 2};
+  std::vector<lather::ShampooOptions> forms(7, base);
+  forms[1].max_preconditioner_dim = 512;  // one dominating block with a dimension > 256 ("big", variant 1)
+  forms[2].momentum = 0.9;
+  forms[2].use_nesterov = true;
+  forms[2].weight_decay = 0.01;
+  forms[2].weight_decay_type = lather::WeightDecayType::l2;
+  forms[3].momentum = 0.5;
+  forms[3].dampening = 0.1;
+  forms[3].weight_decay = 0.01;
+  forms[3].beta3 = 0.8;
+  forms[3].use_bias_correction = false;
+  forms[3].start_preconditioning_step = 4;
+  forms[4].betas = {0.0, 0.99};
+  forms[4].use_symmetric_packing = false;
+  forms[5].iterate_averaging = lather::IterateAveraging::schedule_free;
+  forms[5].betas = {0.0, 0.99};
+  forms[6].weight_decay = 0.01;
+  for (int v = 0; v < static_cast<int>(forms.size()); ++v)
+    impl_test_fused_blocks<T, ExecSpace, lather::AdamGrafting>(forms[static_cast<std::size_t>(v)], v);
+  impl_test_fused_blocks<T, ExecSpace, lather::SGDGrafting>(forms[2], 2);
+  impl_test_fused_blocks<T, ExecSpace, lather::NoGrafting>(forms[3], 3);
 }
 
 // A parameter in LayoutLeft, LayoutRight or strided gives the same trajectory, and blocking

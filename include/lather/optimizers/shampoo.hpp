@@ -176,6 +176,8 @@ struct ShampooStepInfo {
   bool grafted = false;
   int failed_root_computations = 0;
   int root_computations_not_converged = 0;
+  std::int64_t fused_blocks = 0;  ///< blocks that took the fused host path (block tasks)
+  std::int64_t roots_side_by_side = 0;  ///< root inverses computed as host tasks
 };
 }  // namespace impl
 
@@ -1332,8 +1334,13 @@ class Shampoo {
     if (exchanges())
       for (std::size_t i = 0; i < m_params.size(); ++i)
         amortized_here = amortized_here || (active(i, g) && layout_blocks_amortized(i));
+    const bool fused = fused_possible(space);
     if (!amortized_here) {
-      // Nothing can fail after the checks: one pass per parameter.
+      // Nothing can fail after the checks: one pass per parameter (or per block, fused).
+      if (fused) {
+        run_fused(space, g, true, true, false);
+        return;
+      }
       for (std::size_t i = 0; i < m_params.size(); ++i) {
         if (!computes(i, g)) continue;
         gather(space, i, g[i]);
@@ -1345,7 +1352,8 @@ class Shampoo {
     }
     // Amortized step, in phases so that an error leaves everything as it was.
     // Phase A: factor statistics of every parameter, with the previous factors backed up.
-    for (std::size_t i = 0; i < m_params.size(); ++i) {
+    if (fused) run_fused(space, g, true, false, true);
+    for (std::size_t i = 0; i < m_params.size() && !fused; ++i) {
       if (!computes(i, g)) continue;
       gather(space, i, g[i]);
       update_factors(space, i, true, m_groups[m_params[i].group].options);
@@ -1424,7 +1432,8 @@ class Shampoo {
     }
     // Phase D: filtering, grafting, direction, update (the blocked gradient is gathered again:
     // the shared buffer holds the last parameter's).
-    for (std::size_t i = 0; i < m_params.size(); ++i) {
+    if (fused) run_fused(space, g, false, true, false);
+    for (std::size_t i = 0; i < m_params.size() && !fused; ++i) {
       if (!computes(i, g)) continue;
       gather(space, i, g[i]);
       direction_and_update(space, i);
@@ -1650,24 +1659,34 @@ class Shampoo {
   enum class BlockTask { factors, direction };
 
   // Per-thread work matrices: a Gram / unpacked-inverse matrix of the largest factor dimension and
-  // an unfolded copy of the largest block with a middle dimension (construction only).
+  // an unfolded copy of the largest block with a middle dimension; for the fused host blocks
+  // also, from the second thread on, two buffers of the largest block (construction only).
   void allocate_block_threads(std::int64_t max_unfold) {
     if constexpr (block_concurrency_possible) {
       const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size();
-      bool any = false;
-      std::int64_t max_d = 0;
+      bool any = false, fits = true;
+      std::int64_t max_d = 0, max_block = 0;
       for (const auto& p : m_params) {
-        if (p.blocks.size() < 2) continue;
         for (const auto& blk : p.blocks) {
+          const std::int64_t n = numel_of(blk.extent);
+          fits = fits && impl::blas::fits_int(n);
+          max_block = std::max(max_block, n);
           for (const auto& f : blk.factors)
             if (f.preconditioned) max_d = std::max(max_d, f.dim);
-          any = any || impl::blas::fits_int(numel_of(blk.extent));
+          any = any || (p.blocks.size() >= 2 && impl::blas::fits_int(n));
         }
       }
-      if (threads < 2 || !any || max_d == 0) return;
+      // Fused blocks: one process (no DDP exchange, no sharding), every block within the BLAS' ints.
+      m_fused_eligible = fits && !exchanges() && !sharded() && m_dist_size == 1;
+      if (threads < 2 || (!any && !m_fused_eligible) || max_d == 0) return;
       for (int t = 0; t < threads; ++t) {
         m_thread_gram.emplace_back("lather::Shampoo::thread_gram", max_d * max_d);
         m_thread_unfold.emplace_back("lather::Shampoo::thread_unfolded_block", max_unfold);
+        if (!m_fused_eligible) continue;
+        m_thread_grad.emplace_back(t == 0 ? vector_type() : vector_type("lather::Shampoo::thread_block_grad", max_block));
+        m_thread_x.emplace_back(t == 0 ? vector_type() : vector_type("lather::Shampoo::thread_block_work", max_block));
+        if constexpr (roots_side_by_side_possible)
+          m_thread_root.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
       }
     } else {
       (void)max_unfold;
@@ -1718,15 +1737,18 @@ class Shampoo {
       auto& blk = p->blocks[static_cast<std::size_t>(b)];
       value_type* gram = self->m_thread_gram[static_cast<std::size_t>(t)].data();
       value_type* unfolded = self->m_thread_unfold[static_cast<std::size_t>(t)].data();
-      if (task == BlockTask::factors) self->block_factors(*p, static_cast<std::size_t>(b), amortize, beta2, weight, gram, unfolded);
-      else self->block_direction(blk, gram, unfolded);
+      if (task == BlockTask::factors)
+        self->block_factors(*p, static_cast<std::size_t>(b), self->m_grad.data() + blk.begin, amortize, beta2, weight, gram,
+                            unfolded);
+      else self->block_direction(blk, self->m_work0.data() + blk.begin, self->m_work1.data() + blk.begin, gram, unfolded);
       token.release(t);
     }
   };
 
-  // accumulate_factor for every factor of block b, serially in the calling thread.
-  void block_factors(ParamState& p, std::size_t b, bool amortize, double beta2, double weight, value_type* gram_data,
-                     value_type* unfolded) {
+  // accumulate_factor for every factor of block b (its gradient at x), serially in the calling
+  // thread.
+  void block_factors(ParamState& p, std::size_t b, const value_type* x, bool amortize, double beta2, double weight,
+                     value_type* gram_data, value_type* unfolded) {
     auto& blk = p.blocks[b];
     for (std::size_t k = 0; k < blk.factors.size(); ++k) {
       auto& f = blk.factors[k];
@@ -1736,7 +1758,6 @@ class Shampoo {
         const impl::kernels::CopyBlock<factor_type> copy{f.factor.data(), p.backup[b][k].data()};
         for (std::int64_t e = 0; e < stored; ++e) copy(e);
       }
-      const value_type* x = m_grad.data() + blk.begin;
       const auto [outer, d, inner] = unfold(blk.extent, k);
       if (outer == 1) {
         impl::blas::syrk<value_type>('L', 'T', d, inner, value_type(1), x, std::max<std::int64_t>(1, inner), value_type(0),
@@ -1756,11 +1777,10 @@ class Shampoo {
     }
   }
 
-  // apply_inverse_factors for one block in work0 (result back in work0), serially in the calling
-  // thread: `pm` holds each unpacked inverse factor in turn.
-  void block_direction(const block_state_type& blk, value_type* pm, value_type* unfolded) {
-    value_type* const x = m_work0.data() + blk.begin;
-    value_type* const y = m_work1.data() + blk.begin;
+  // apply_inverse_factors for one block at x (result back at x, y its scratch), serially in the
+  // calling thread: `pm` holds each unpacked inverse factor in turn.
+  void block_direction(const block_state_type& blk, value_type* const x, value_type* const y, value_type* pm,
+                       value_type* unfolded) const {
     value_type* from = x;
     for (std::size_t k = 0; k < blk.factors.size(); ++k) {
       const auto& f = blk.factors[k];
@@ -1807,6 +1827,305 @@ class Shampoo {
     if (from != x) {
       const std::int64_t n = numel_of(blk.extent);
       for (std::int64_t e = 0; e < n; ++e) x[e] = from[e];
+    }
+  }
+
+  // ---- fused host blocks --------------------------------------------------------------------
+  // On a host space (block_concurrency_possible) a step of a non-distributed Shampoo runs as one
+  // task per block over all parameters, each task the block's whole step in one thread: gather,
+  // factor update, filtering and grafting, norms, products, scale and update. The block stays in
+  // cache from one pass to the next (a pass over a whole parameter goes to memory), no kernel
+  // launch or fence is paid per pass, and small parameters fill the threads together instead of
+  // one parameter at a time. The tasks are taken largest first (dynamic, one at a time), each
+  // with a single-threaded BLAS. A parameter with a block larger than an equal share of all the
+  // work per thread ("wide": mlp's (512, 784) at block size 1024) keeps the per-parameter path,
+  // whose products use the BLAS' own threads. Same operations per element, same BLAS calls and
+  // the same summation order for the norms as the per-parameter path: the same bits (tested).
+  struct FusedTask {
+    std::uint32_t param = 0, block = 0;
+  };
+  struct FusedBuffers {
+    value_type *grad = nullptr, *x = nullptr, *gram = nullptr, *unfolded = nullptr;
+  };
+
+  // Whether this step can take the fused path on `space`.
+  bool fused_possible(const ExecSpace& space) const {
+    if constexpr (block_concurrency_possible) {
+      if (!m_block_concurrency || !m_fused_eligible) return false;
+      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
+      if (threads < 2) return true;
+      // Threads beyond the first need their own buffers (construction) and a single-threaded BLAS.
+      return static_cast<std::size_t>(threads) <= m_thread_grad.size() && impl::blas::SingleThreaded::available();
+    } else {
+      (void)space;
+      return false;
+    }
+  }
+
+  // The task order and the wide parameters for `threads` threads (recomputed only when the
+  // thread count changes; the per-step list then reuses its capacity).
+  void plan_fused(int threads) {
+    m_fused_threads = threads;
+    m_fused_wide.assign(m_params.size(), 0);
+    std::vector<std::pair<double, FusedTask>> all;
+    std::vector<double> largest(m_params.size(), 0.0), work(m_params.size(), 0.0);
+    std::vector<char> candidate(m_params.size(), 0);
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      for (std::size_t b = 0; b < m_params[i].blocks.size(); ++b) {
+        const auto& blk = m_params[i].blocks[b];
+        // Products (3 d_k flops per element and factor, SYRK counted as half a product) plus the
+        // element passes.
+        const auto n = static_cast<double>(numel_of(blk.extent));
+        double c = 16.0 * n;
+        for (const auto& f : blk.factors)
+          if (f.preconditioned) c += 3.0 * static_cast<double>(f.dim) * n;
+        work[i] += c;
+        largest[i] = std::max(largest[i], c);
+        for (const auto e : blk.extent) candidate[i] = candidate[i] || e > 256;
+        all.push_back({c, FusedTask{static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(b)}});
+      }
+    }
+    // Wide: a block above an equal share per thread of the remaining parameters' work, with a
+    // dimension above 256 (where the BLAS' threads gain; 1.05-1.1x at 256); repeated, since the
+    // share shrinks as wide parameters leave (mlp at 1024: (512, 784), then (256, 512)).
+    for (bool more = threads > 1; more;) {
+      more = false;
+      double rest = 0;
+      for (std::size_t i = 0; i < m_params.size(); ++i)
+        if (!m_fused_wide[i]) rest += work[i];
+      for (std::size_t i = 0; i < m_params.size(); ++i) {
+        if (m_fused_wide[i] || !candidate[i] || m_params[i].blocks.size() >= static_cast<std::size_t>(threads)) continue;
+        if (largest[i] > rest / threads) m_fused_wide[i] = more = true;
+      }
+    }
+    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    m_fused_order.clear();
+    for (const auto& [c, task] : all)
+      if (!m_fused_wide[task.param]) m_fused_order.push_back(task);
+    m_fused_tasks.clear();
+    m_fused_tasks.reserve(m_fused_order.size());
+  }
+
+  // One phase of the step for every parameter with a gradient: factor updates (`factors`, with
+  // the amortized backups when `amortize`), direction and update (`direction`), or both.
+  void run_fused(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g, bool factors,
+                 bool direction, bool amortize) {
+    if constexpr (block_concurrency_possible) {
+      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
+      if (threads != m_fused_threads) plan_fused(threads);
+      for (std::size_t i = 0; i < m_params.size(); ++i) {
+        if (!computes(i, g)) continue;
+        if (direction) m_info.grafted = m_info.grafted || uses_graft(m_params[i].group);
+        if (!m_fused_wide[i]) continue;
+        gather(space, i, g[i]);
+        if (factors) update_factors(space, i, amortize, m_groups[m_params[i].group].options);
+        if (direction) direction_and_update(space, i);
+      }
+      m_fused_tasks.clear();
+      for (const auto& task : m_fused_order)
+        if (computes(task.param, g)) m_fused_tasks.push_back(task);
+      if (m_fused_tasks.empty()) return;
+      m_info.fused_blocks += static_cast<std::int64_t>(m_fused_tasks.size());
+      space.fence();  // the wide parameters' kernels used the shared buffers that thread 0 takes now
+      std::optional<impl::blas::SingleThreaded> single;
+      if (threads > 1) single.emplace();
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::fused_blocks"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>, Kokkos::IndexType<std::int64_t>>(
+                               space, 0, static_cast<std::int64_t>(m_fused_tasks.size()), Kokkos::ChunkSize(1)),
+                           FusedRunner{this, &g, Kokkos::Experimental::UniqueToken<ExecSpace>(space), factors, direction,
+                                       amortize});
+      space.fence();  // before the guard gives the BLAS its threads back
+    } else {
+      (void)space, (void)g, (void)factors, (void)direction, (void)amortize;
+    }
+  }
+
+  // Host functor (never a device one: block_concurrency_possible is false in GPU builds).
+  struct FusedRunner {
+    Shampoo* self;
+    const std::vector<TensorRef<const value_type, memory_space>>* g;
+    Kokkos::Experimental::UniqueToken<ExecSpace> token;
+    bool factors, direction, amortize;
+    void operator()(std::int64_t n) const {
+      const FusedTask task = self->m_fused_tasks[static_cast<std::size_t>(n)];
+      const int t = token.acquire();
+      auto& p = self->m_params[task.param];
+      self->fused_block(p, task.block, (*g)[task.param], self->fused_buffers(t, p.blocks[task.block]), factors, direction,
+                        amortize);
+      token.release(t);
+    }
+  };
+
+  // Thread 0 uses the shared buffers (the wide parameters are done before the tasks start), the
+  // others their own.
+  FusedBuffers fused_buffers(int t, const block_state_type& blk) const {
+    if (t == 0 || m_thread_grad.empty()) {
+      std::int64_t d = 0;
+      for (const auto& f : blk.factors)
+        if (f.preconditioned) d = std::max(d, f.dim);
+      return {m_grad.data(), m_work0.data(), d > 0 ? gram_scratch(d).data() : nullptr, m_unfold.data()};
+    }
+    const auto u = static_cast<std::size_t>(t);
+    return {m_thread_grad[u].data(), m_thread_x[u].data(), m_thread_gram[u].data(), m_thread_unfold[u].data()};
+  }
+
+  // f(flat, local, length) for every row of the block: `flat` the parameter's row-major index of
+  // the row's first element, `local` its place in the block (row-major), `length` elements
+  // contiguous in both.
+  template <class F>
+  static void for_block_rows(const ParamState& p, const block_state_type& blk, const F& f) {
+    const int r = static_cast<int>(blk.extent.size());
+    if (r == 0) {  // a scalar parameter
+      f(std::int64_t(0), std::int64_t(0), std::int64_t(1));
+      return;
+    }
+    const auto& offset = p.layout.blocks[blk.id].offset;
+    const auto& dims = p.layout.merged_shape;
+    const std::int64_t last = blk.extent[static_cast<std::size_t>(r - 1)];
+    const std::int64_t n = numel_of(blk.extent);
+    if (last == 0 || n == 0) return;
+    std::int64_t m[max_tensor_rank] = {};  // the row's position in the block's leading dimensions
+    for (std::int64_t local = 0; local < n; local += last) {
+      std::int64_t flat = 0;
+      for (int j = 0; j < r; ++j) {
+        const auto u = static_cast<std::size_t>(j);
+        flat = flat * dims[u] + offset[u] + (j + 1 < r ? m[j] : 0);
+      }
+      f(flat, local, last);
+      for (int j = r - 2; j >= 0; --j) {
+        if (++m[j] < blk.extent[static_cast<std::size_t>(j)]) break;
+        m[j] = 0;
+      }
+    }
+  }
+  // op.apply(flat, local) for every element of the block.
+  template <class Op>
+  static void for_block_elements(const ParamState& p, const block_state_type& blk, const Op& op) {
+    for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
+      for (std::int64_t c = 0; c < len; ++c) op.apply(flat + c, local + c);
+    });
+  }
+
+  // The fused path's element loops for contiguous host data in their most common forms, with the
+  // kernels' operations in the same order (the same bits) and the options as template arguments,
+  // so that the compiler vectorizes them: the functors' per-element option branches and
+  // flat-index arithmetic kept these loops scalar (a tenth of a steady gpt2-block step at block
+  // size 256 in perf). Other forms run the functors themselves.
+  template <bool State, bool Beta1, bool Beta3, bool Bias>
+  static void filter_loop(const value_type* __restrict g, value_type* __restrict filtered,
+                          value_type* __restrict state, value_type* __restrict out, std::int64_t n,
+                          const impl::kernels::FilterAndGraft<value_type, memory_space>& k) {
+    for (std::int64_t q = 0; q < n; ++q) {
+      const value_type gq = g[q];
+      if constexpr (State) state[q] = impl::kernels::second_moment(state[q], gq, k.graft.beta2, k.graft.one_minus_beta2);
+      value_type gbar = gq;
+      if constexpr (Beta1) {
+        const value_type m_old = filtered[q];
+        const value_type m = impl::kernels::ema(m_old, gq, k.beta1, k.one_minus_beta1);
+        filtered[q] = m;
+        gbar = Beta3 ? impl::kernels::ema(m_old, gq, k.beta3, k.one_minus_beta3) : m;
+        if constexpr (Bias) gbar = gbar / k.bias_correction1;
+      }
+      out[q] = gbar;
+    }
+  }
+  static void run_filter(const impl::kernels::FilterAndGraft<value_type, memory_space>& k, std::int64_t n) {
+    const value_type* g = k.grad.data();
+    value_type *f = k.filtered.data(), *v = k.graft_state.data(), *out = k.out.data();
+    constexpr bool state = Grafting::has_state;
+    if (k.apply_graft || state != k.graft_has_state) {
+      for (std::int64_t q = 0; q < n; ++q) k(q);
+    } else if (!k.use_beta1) {
+      filter_loop<state, false, false, false>(g, f, v, out, n, k);
+    } else if (k.separate_beta3) {
+      if (k.use_bias_correction) filter_loop<state, true, true, true>(g, f, v, out, n, k);
+      else filter_loop<state, true, true, false>(g, f, v, out, n, k);
+    } else {
+      if (k.use_bias_correction) filter_loop<state, true, false, true>(g, f, v, out, n, k);
+      else filter_loop<state, true, false, false>(g, f, v, out, n, k);
+    }
+  }
+  template <bool Decay, bool Momentum, bool Nesterov>
+  static void update_row(value_type* __restrict w, const value_type* __restrict dir, value_type* __restrict mom,
+                         std::int64_t len, const impl::kernels::ApplyUpdate<value_type, memory_space>& k) {
+    for (std::int64_t c = 0; c < len; ++c) {
+      value_type pc = dir[c];
+      if constexpr (Decay) pc = pc + k.decay * w[c];
+      if constexpr (Momentum) {
+        const value_type m = mom[c] * k.momentum + k.one_minus_dampening * pc;
+        mom[c] = m;
+        pc = Nesterov ? pc * k.one_minus_dampening + k.momentum * m : m;
+      }
+      const value_type delta = (-k.lr) * pc;
+      w[c] = w[c] + delta;
+    }
+  }
+  template <bool Decay, bool Momentum, bool Nesterov>
+  static void run_update(const ParamState& p, const block_state_type& blk,
+                         const impl::kernels::ApplyUpdate<value_type, memory_space>& k) {
+    value_type* const w = k.param.data();
+    const value_type* const dir = k.direction.data();
+    value_type* const mom = k.momentum_buffer.data();
+    for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
+      update_row<Decay, Momentum, Nesterov>(w + flat, dir + local, Momentum ? mom + local : nullptr, len, k);
+    });
+  }
+
+  // The step of block b of p in the calling thread (see "fused host blocks").
+  void fused_block(ParamState& p, std::size_t b, const TensorRef<const value_type, memory_space>& grad,
+                   const FusedBuffers& buf, bool factors, bool direction, bool amortize) {
+    auto& blk = p.blocks[b];
+    const auto& o = m_groups[p.group].options;
+    const std::int64_t n = numel_of(blk.extent);
+    // Unmanaged views of the block's part of a state buffer (empty stays empty).
+    auto part = [&](const vector_type& v) { return v.data() == nullptr ? vector_type() : vector_type(v.data() + blk.begin, n); };
+    const vector_type gv(buf.grad, n), xv(buf.x, n);
+    const bool l2 = o.weight_decay_type == WeightDecayType::l2 && o.weight_decay != 0.0;
+    const impl::kernels::GatherGradient<value_type, memory_space> gather{grad, p.param, gv,
+                                                                        value_type(l2 ? o.weight_decay : 0.0)};
+    if (grad.is_row_major_contiguous() && gather.l2_weight_decay == value_type(0)) {
+      for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
+        std::copy_n(grad.data() + flat, len, buf.grad + local);
+      });
+    } else {
+      for_block_elements(p, blk, gather);
+    }
+    if (factors) {
+      const double beta2 = o.betas[1];
+      block_factors(p, b, buf.grad, amortize, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, buf.gram, buf.unfolded);
+    }
+    if (!direction) return;
+    const StepScalars sc = step_scalars(p);
+    const auto graft_state = part(p.graft_state);
+    run_filter(filter_kernel(p, sc, gv, part(p.filtered), graft_state, xv), n);
+    if (!sc.graft_now) {
+      double graft_sq = 0, direction_sq = 0;
+      if constexpr (Grafting::enabled)
+        graft_sq = impl::kernels::host_block_sq_norm(buf.x, graft_state.data(), n, sc.graft, Grafting::has_state);
+      block_direction(blk, buf.x, buf.grad, buf.gram, buf.unfolded);  // the gradient copy is free now
+      if constexpr (Grafting::enabled) {
+        value_type* x = buf.x;
+        direction_sq = impl::kernels::host_block_sq_norm<value_type>(x, nullptr, n, sc.graft, false);
+        p.norms(b, 0) = graft_sq;
+        p.norms(b, 1) = direction_sq;
+        const value_type ratio = impl::kernels::GraftScale<value_type, memory_space, ExecSpace>::ratio_of(graft_sq, direction_sq);
+        for (std::int64_t q = 0; q < n; ++q) x[q] = x[q] * ratio;
+      }
+    }
+    if (o.iterate_averaging != IterateAveraging::none) {
+      for_block_elements(p, blk, averaged_update_kernel(p, sc, xv, part(p.weight_buffer), nullptr));
+      return;
+    }
+    const auto update = update_kernel(p, sc, xv, part(p.momentum), nullptr);
+    if (!p.param.is_row_major_contiguous()) {
+      for_block_elements(p, blk, update);
+    } else if (update.use_momentum) {
+      const bool decay = update.decay != value_type(0);
+      if (update.nesterov) decay ? run_update<true, true, true>(p, blk, update) : run_update<false, true, true>(p, blk, update);
+      else decay ? run_update<true, true, false>(p, blk, update) : run_update<false, true, false>(p, blk, update);
+    } else {
+      update.decay != value_type(0) ? run_update<true, false, false>(p, blk, update)
+                                    : run_update<false, false, false>(p, blk, update);
     }
   }
 
@@ -1871,6 +2190,14 @@ class Shampoo {
 
   void compute_roots(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g,
                      std::vector<std::vector<std::vector<RootInverseStatus>>>& status) {
+    if constexpr (roots_side_by_side_possible) {
+      if (!m_thread_root.empty() && fused_possible(space) &&
+          Kokkos::Experimental::UniqueToken<ExecSpace>(space).size() > 1 &&
+          static_cast<std::size_t>(Kokkos::Experimental::UniqueToken<ExecSpace>(space).size()) <= m_thread_root.size()) {
+        compute_roots_side_by_side(space, g, status);
+        return;
+      }
+    }
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       if (!active(i, g) || !local_blocks_amortized(i)) continue;
       auto& p = m_params[i];
@@ -1878,15 +2205,9 @@ class Shampoo {
       const auto& o = grp.options;
       const bool bias = o.use_bias_correction && o.betas[1] < 1.0;
       const double bc2 = bias ? 1.0 - std::pow(o.betas[1], static_cast<double>(grp.step)) : 1.0;
-      status[i].resize(p.blocks.size());
-      m_status_set[i] = 1;
       for (std::size_t b = 0; b < p.blocks.size(); ++b) {
         auto& blk = p.blocks[b];
-        if (!block_amortized(p.group, blk.ordinal)) {  // staggered: not this block's step
-          status[i][b].clear();
-          continue;
-        }
-        status[i][b].assign(blk.factors.size(), RootInverseStatus::success);
+        if (!begin_block_roots(i, b, status)) continue;
         int failures_here = 0;
         for (std::size_t k = 0; k < blk.factors.size(); ++k) {
           auto& f = blk.factors[k];
@@ -1904,10 +2225,7 @@ class Shampoo {
                                       space, {0, 0}, {dk, dk}),
                                   impl::kernels::CountNonFiniteMatrix<factor_type, memory_space>{a}, bad);
           space.fence();
-          LATHER_THROW_RUNTIME_IF(bad != 0, "lather::Shampoo::step: the factor matrix ", k, " of block ", blk.id, " of ",
-                                  describe_piece(i), " has ", bad,
-                                  " NaN or Inf entries; nothing was changed. Try a lower learning rate, a larger "
-                                  "'start_preconditioning_step', a larger 'epsilon', or grafting");
+          if (bad != 0) throw_bad_factor(i, blk, k, bad);
           RootInverseStatus s = RootInverseStatus::failed;
           if constexpr (kind == PreconditionerKind::root_inverse) {
             s = inner().compute(space, Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), f.root,
@@ -1917,24 +2235,194 @@ class Shampoo {
             s = inner().amortized.compute_in_double ? eigen_refresh<double>(space, a, f, o.epsilon, p, b, k)
                                                     : eigen_refresh<factor_type>(space, a, f, o.epsilon, p, b, k);
           }
-          LATHER_THROW_RUNTIME_IF(s == RootInverseStatus::non_finite, "lather::Shampoo::step: the inverse root of factor matrix ",
-                                  k, " of block ", blk.id, " of ", describe_piece(i),
-                                  " has NaN or Inf entries; nothing was changed. Try a larger 'epsilon' or a lower "
-                                  "learning rate");
+          if (s == RootInverseStatus::non_finite) throw_non_finite_root(i, blk, k);
           status[i][b][k] = s;
           if (s == RootInverseStatus::failed) ++failures_here;
         }
-        if (failures_here > 0)
-          LATHER_THROW_RUNTIME_IF(blk.consecutive_failures + 1 > o.num_tolerated_failed_amortized_computations,
-                                  "lather::Shampoo::step: the root computations of block ", blk.id, " of ", describe_piece(i),
-                                  " failed ", blk.consecutive_failures + 1,
-                                  " times in a row, more than 'num_tolerated_failed_amortized_computations' = ",
-                                  o.num_tolerated_failed_amortized_computations,
-                                  "; nothing was changed. Try a larger 'epsilon', computing roots in double, or a "
-                                  "lower learning rate");
+        check_block_failures(i, blk, failures_here);
       }
     }
   }
+
+  // status[i][b] for this step (the caller set status[i] up): one `success` per factor, true;
+  // cleared, false, when the block does not compute on this step (staggered).
+  bool begin_block_roots(std::size_t i, std::size_t b, std::vector<std::vector<std::vector<RootInverseStatus>>>& status) {
+    auto& p = m_params[i];
+    if (status[i].size() != p.blocks.size()) status[i].resize(p.blocks.size());
+    m_status_set[i] = 1;
+    const auto& blk = p.blocks[b];
+    if (!block_amortized(p.group, blk.ordinal)) {
+      status[i][b].clear();
+      return false;
+    }
+    status[i][b].assign(blk.factors.size(), RootInverseStatus::success);
+    return true;
+  }
+  // The root steps' errors (both forms raise the same).
+  [[noreturn]] void throw_bad_factor(std::size_t i, const block_state_type& blk, std::size_t k, std::int64_t bad) const {
+    impl::throw_error<runtime_error>(std::source_location::current(), "lather::Shampoo::step: the factor matrix ", k,
+                                     " of block ", blk.id, " of ", describe_piece(i), " has ", bad,
+                                     " NaN or Inf entries; nothing was changed. Try a lower learning rate, a larger "
+                                     "'start_preconditioning_step', a larger 'epsilon', or grafting");
+  }
+  [[noreturn]] void throw_non_finite_root(std::size_t i, const block_state_type& blk, std::size_t k) const {
+    impl::throw_error<runtime_error>(std::source_location::current(),
+                                     "lather::Shampoo::step: the inverse root of factor matrix ", k, " of block ", blk.id,
+                                     " of ", describe_piece(i),
+                                     " has NaN or Inf entries; nothing was changed. Try a larger 'epsilon' or a lower "
+                                     "learning rate");
+  }
+  void check_block_failures(std::size_t i, const block_state_type& blk, int failures_here) const {
+    const auto& o = m_groups[m_params[i].group].options;
+    if (failures_here > 0)
+      LATHER_THROW_RUNTIME_IF(blk.consecutive_failures + 1 > o.num_tolerated_failed_amortized_computations,
+                              "lather::Shampoo::step: the root computations of block ", blk.id, " of ", describe_piece(i),
+                              " failed ", blk.consecutive_failures + 1,
+                              " times in a row, more than 'num_tolerated_failed_amortized_computations' = ",
+                              o.num_tolerated_failed_amortized_computations,
+                              "; nothing was changed. Try a larger 'epsilon', computing roots in double, or a "
+                              "lower learning rate");
+  }
+
+  // ---- root inverses side by side (host) ---------------------------------------------------
+  // With the fused host path on several threads, an amortized step's root inverses run one
+  // factor per task, largest first, each thread with its own bias-corrected copy and a
+  // single-threaded LAPACK/BLAS (EigenRootInverse::compute_on_host: per-thread work arrays, no
+  // Kokkos call). One after the other, the root step got slower on 2 threads than on 1: syevd
+  // and the product of eigenpairs gain little from OpenBLAS' threads at these sizes. Errors are
+  // reported afterwards in the sequential order, so a failing step raises what the sequential
+  // loop raises (and, as there, commits nothing).
+  static constexpr bool roots_side_by_side_possible =
+      block_concurrency_possible && kind == PreconditionerKind::root_inverse && std::is_same_v<inner_type, EigenRootInverse>;
+  struct RootJob {
+    std::uint32_t param = 0, block = 0, factor = 0;
+    std::int64_t bad = 0;  // non-finite entries of the bias-corrected factor
+    RootInverseStatus status = RootInverseStatus::success;
+    std::exception_ptr error;
+  };
+
+  void compute_roots_side_by_side(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g,
+                                  std::vector<std::vector<std::vector<RootInverseStatus>>>& status) {
+    m_root_jobs.clear();
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!active(i, g) || !local_blocks_amortized(i)) continue;
+      auto& p = m_params[i];
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        const auto& blk = p.blocks[b];
+        if (!begin_block_roots(i, b, status)) continue;
+        for (std::size_t k = 0; k < blk.factors.size(); ++k)
+          if (blk.factors[k].preconditioned)
+            m_root_jobs.push_back(RootJob{static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(b),
+                                          static_cast<std::uint32_t>(k), 0, RootInverseStatus::success, nullptr});
+      }
+    }
+    if (m_root_jobs.empty()) return;
+    // Largest first (d^3 work each); m_root_order indexes m_root_jobs, which keeps the sequential order.
+    m_root_order.resize(m_root_jobs.size());
+    for (std::size_t j = 0; j < m_root_order.size(); ++j) m_root_order[j] = static_cast<std::uint32_t>(j);
+    // std::sort with a total order (std::stable_sort would allocate its buffer on every root step).
+    std::sort(m_root_order.begin(), m_root_order.end(), [&](std::uint32_t x, std::uint32_t y) {
+      const std::int64_t dx = root_job_dim(m_root_jobs[x]), dy = root_job_dim(m_root_jobs[y]);
+      return dx != dy ? dx > dy : x < y;
+    });
+    space.fence();
+    {
+      impl::blas::SingleThreaded single;
+      if (!m_roots_reserved) {
+        // Every thread's work arrays grown for the largest factor at the first root step, one
+        // iteration per thread: whichever thread takes whichever factor later allocates nothing.
+        const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::reserve_roots"),
+                             Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Static>, Kokkos::IndexType<std::int64_t>>(
+                                 space, 0, threads, Kokkos::ChunkSize(1)),
+                             RootReserve{this});
+        space.fence();
+        m_roots_reserved = true;
+      }
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::roots"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>, Kokkos::IndexType<std::int64_t>>(
+                               space, 0, static_cast<std::int64_t>(m_root_order.size()), Kokkos::ChunkSize(1)),
+                           RootRunner{this, Kokkos::Experimental::UniqueToken<ExecSpace>(space)});
+      space.fence();
+    }
+    m_info.roots_side_by_side += static_cast<std::int64_t>(m_root_jobs.size());
+    // The sequential loop's checks and errors, in its order.
+    std::size_t j = 0;
+    while (j < m_root_jobs.size()) {
+      const std::size_t first = j;
+      int failures_here = 0;
+      for (; j < m_root_jobs.size() && m_root_jobs[j].param == m_root_jobs[first].param &&
+             m_root_jobs[j].block == m_root_jobs[first].block;
+           ++j) {
+        const RootJob& job = m_root_jobs[j];
+        const auto& blk = m_params[job.param].blocks[job.block];
+        if (job.bad != 0) throw_bad_factor(job.param, blk, job.factor, job.bad);
+        if (job.error) std::rethrow_exception(job.error);
+        if (job.status == RootInverseStatus::non_finite) throw_non_finite_root(job.param, blk, job.factor);
+        status[job.param][job.block][job.factor] = job.status;
+        if (job.status == RootInverseStatus::failed) ++failures_here;
+      }
+      const RootJob& job = m_root_jobs[first];
+      check_block_failures(job.param, m_params[job.param].blocks[job.block], failures_here);
+    }
+  }
+  std::int64_t root_job_dim(const RootJob& job) const {
+    return m_params[job.param].blocks[job.block].factors[job.factor].dim;
+  }
+
+  // One factor's root in the calling thread (the sequential loop's steps for it).
+  void root_job(RootJob& job, int t) {
+    auto& p = m_params[job.param];
+    auto& f = p.blocks[job.block].factors[job.factor];
+    const auto& grp = m_groups[p.group];
+    const auto& o = grp.options;
+    const bool bias = o.use_bias_correction && o.betas[1] < 1.0;
+    const double bc2 = bias ? 1.0 - std::pow(o.betas[1], static_cast<double>(grp.step)) : 1.0;
+    const std::int64_t d = f.dim;
+    const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space> a =
+        t == 0 ? m_scratch.at(static_cast<std::size_t>(d))
+               : Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>(m_thread_root[static_cast<std::size_t>(t)].data(),
+                                                                                 d, d);
+    const impl::kernels::UnpackScaled<factor_type, memory_space> unpack{{f.factor.data(), f.dim, f.packed}, a,
+                                                                        factor_type(bc2), bias};
+    const impl::kernels::CountNonFiniteMatrix<factor_type, memory_space> count{a};
+    std::int64_t bad = 0;
+    for (std::int64_t r = 0; r < d; ++r)
+      for (std::int64_t c = 0; c < d; ++c) {
+        unpack(r, c);
+        count(r, c, bad);
+      }
+    job.bad = bad;
+    if (bad != 0) return;
+    try {
+      job.status = inner().compute_on_host(Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), f.root,
+                                           o.epsilon, p.result[job.block][job.factor]);
+    } catch (...) {
+      job.error = std::current_exception();
+    }
+  }
+
+  struct RootReserve {
+    const Shampoo* self;
+    void operator()(std::int64_t) const {
+      std::int64_t d = 0;
+      for (const auto& p : self->m_params)
+        for (const auto& blk : p.blocks)
+          for (const auto& f : blk.factors)
+            if (f.preconditioned) d = std::max(d, f.dim);
+      self->inner().template reserve_on_host<factor_type>(static_cast<std::size_t>(d));
+    }
+  };
+  // Host functor (never a device one: roots_side_by_side_possible is false in GPU builds).
+  struct RootRunner {
+    Shampoo* self;
+    Kokkos::Experimental::UniqueToken<ExecSpace> token;
+    void operator()(std::int64_t n) const {
+      const int t = token.acquire();
+      self->root_job(self->m_root_jobs[self->m_root_order[static_cast<std::size_t>(n)]], t);
+      token.release(t);
+    }
+  };
 
   // Eigenbasis kinds: the amortized eigendecomposition of the bias-corrected factor `a` on the
   // host in precision C, into the pending basis (and, for eigendecomposed Shampoo, the pending
@@ -2013,6 +2501,83 @@ class Shampoo {
     host_to_view(space, stored, f.inverse_factor);
   }
 
+  // A parameter's per-step scalars for filtering, grafting and the update; one source for the
+  // per-parameter kernels and the fused host path, so both compute the same bits.
+  struct StepScalars {
+    GraftScalars<value_type> graft;
+    double beta1 = 0, beta3 = 0, bias_correction1 = 1, decay = 0;
+    double mu_x = 0, mu_y = 0;  // iterate averaging
+    bool graft_now = false;
+  };
+  StepScalars step_scalars(const ParamState& p) const {
+    const auto& grp = m_groups[p.group];
+    const auto& o = grp.options;
+    const std::int64_t t = grp.step;
+    StepScalars sc;
+    sc.graft_now = uses_graft(p.group);
+    sc.graft = m_grafting.template scalars<value_type>(t);
+    sc.beta1 = o.betas[0];
+    sc.beta3 = o.effective_beta3();
+    sc.bias_correction1 = 1.0 - sc.beta3 * std::pow(sc.beta1, static_cast<double>(t - 1));
+    if (o.weight_decay != 0.0) {
+      switch (o.weight_decay_type) {
+        case WeightDecayType::l2: break;
+        case WeightDecayType::decoupled: sc.decay = o.weight_decay; break;
+        case WeightDecayType::corrected: sc.decay = o.weight_decay * o.lr / *o.peak_lr; break;
+        case WeightDecayType::independent: sc.decay = o.weight_decay / *o.peak_lr; break;
+      }
+    }
+    if (o.iterate_averaging != IterateAveraging::none) {
+      sc.mu_y = o.train_interp_coeff;
+      sc.mu_x = o.eval_interp_coeff;
+      if (o.iterate_averaging == IterateAveraging::schedule_free)
+        sc.mu_x = grp.lr_sum > 0.0 ? 1.0 - std::pow(o.lr, o.eval_coeff_lr_power) / grp.lr_sum : 0.0;
+    }
+    return sc;
+  }
+  // Gbar (or graft(Gbar) before preconditioning) from the blocked gradient into `out`.
+  impl::kernels::FilterAndGraft<value_type, memory_space> filter_kernel(const ParamState& p, const StepScalars& sc,
+                                                                        const vector_type& grad, const vector_type& filtered,
+                                                                        const vector_type& graft_state,
+                                                                        const vector_type& out) const {
+    const auto& o = m_groups[p.group].options;
+    return {grad, filtered, graft_state, out, value_type(sc.beta1), value_type(1.0 - sc.beta1), value_type(sc.beta3),
+            value_type(1.0 - sc.beta3), value_type(sc.bias_correction1), sc.beta1 != 0.0, sc.beta3 != sc.beta1,
+            o.use_bias_correction, sc.graft, Grafting::has_state, sc.graft_now};
+  }
+  impl::kernels::ApplyUpdate<value_type, memory_space> update_kernel(const ParamState& p, const StepScalars& sc,
+                                                                     const vector_type& direction,
+                                                                     const vector_type& momentum, value_type* delta_out) const {
+    const auto& o = m_groups[p.group].options;
+    return {p.param, direction, momentum, value_type(sc.decay), value_type(o.momentum), value_type(1.0 - o.dampening),
+            value_type(o.lr), o.momentum != 0.0, o.use_nesterov, delta_out};
+  }
+  impl::kernels::ApplyAveragedUpdate<value_type, memory_space> averaged_update_kernel(
+      const ParamState& p, const StepScalars& sc, const vector_type& direction, const vector_type& weight_buffer,
+      value_type* delta_out) const {
+    const auto& o = m_groups[p.group].options;
+    return {p.param, direction, weight_buffer, value_type(1.0 - o.lr * sc.decay), value_type(o.lr),
+            value_type(1.0 - sc.mu_x), value_type(1.0 - sc.mu_x * sc.mu_y), sc.decay != 0.0, delta_out};
+  }
+
+  // Squared norms per block into p.norms(., column): host_block_sq_norm's order wherever the
+  // fused host path can run (so both paths give the same bits), one team per block elsewhere.
+  static void block_norms(const ExecSpace& space, ParamState& p, const vector_type& x, const vector_type& graft_state,
+                          int column, const GraftScalars<value_type>& gs, bool has_state) {
+    const auto nb = static_cast<std::int64_t>(p.blocks.size());
+    if constexpr (block_concurrency_possible) {
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::block_norms"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, nb),
+                           impl::kernels::HostBlockNorms<value_type, memory_space>{
+                               {x, graft_state, p.block_begin, p.norms, column, gs, has_state}});
+    } else {
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::block_norms"),
+                           Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
+                           impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{x, graft_state, p.block_begin,
+                                                                                         p.norms, column, gs, has_state});
+    }
+  }
+
   void direction_and_update(const ExecSpace& space, std::size_t i) {
     auto& p = m_params[i];
     const auto& grp = m_groups[p.group];
@@ -2020,27 +2585,20 @@ class Shampoo {
     const std::int64_t t = grp.step;
     const std::int64_t numel = p.local_numel;
     using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
-    const bool graft_now = uses_graft(p.group);
+    const StepScalars sc = step_scalars(p);
+    const bool graft_now = sc.graft_now;
     m_info.grafted = m_info.grafted || graft_now;
-    const auto gs = m_grafting.template scalars<value_type>(t);
-    const double beta1 = o.betas[0], beta3 = o.effective_beta3();
-    const double bc1 = 1.0 - beta3 * std::pow(beta1, static_cast<double>(t - 1));
+    const auto gs = sc.graft;
     if constexpr (kind == PreconditionerKind::eigenvalue_corrected) update_corrected(space, p, o);
     // Gbar (or graft(Gbar) before preconditioning) into work0.
     Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::filter_and_graft"), Range(space, 0, numel),
-                         impl::kernels::FilterAndGraft<value_type, memory_space>{
-                             m_grad, p.filtered, p.graft_state, m_work0, value_type(beta1), value_type(1.0 - beta1),
-                             value_type(beta3), value_type(1.0 - beta3), value_type(bc1), beta1 != 0.0, beta3 != beta1,
-                             o.use_bias_correction, gs, Grafting::has_state, graft_now});
+                         filter_kernel(p, sc, m_grad, p.filtered, p.graft_state, m_work0));
     const vector_type direction = m_work0;
     if (!graft_now) {
       const auto nb = static_cast<std::int64_t>(p.blocks.size());
       if constexpr (Grafting::enabled) {
         // ||graft(Gbar)|| per block, before work0 is turned into the Shampoo direction.
-        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::graft_norms"),
-                             Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
-                             impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
-                                 m_work0, p.graft_state, p.block_begin, p.norms, 0, gs, Grafting::has_state});
+        block_norms(space, p, m_work0, p.graft_state, 0, gs, Grafting::has_state);
       }
       const bool concurrent = run_blocks_concurrently(space, p, BlockTask::direction, false, 0.0, 0.0);
       for (const auto& blk : p.blocks) {
@@ -2071,10 +2629,7 @@ class Shampoo {
         }
       }
       if constexpr (Grafting::enabled) {
-        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::direction_norms"),
-                             Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
-                             impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{
-                                 direction, vector_type(), p.block_begin, p.norms, 1, gs, false});
+        block_norms(space, p, direction, vector_type(), 1, gs, false);
         Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::graft_scale"),
                              Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
                              impl::kernels::GraftScale<value_type, memory_space, ExecSpace>{direction, p.block_begin, p.norms});
@@ -2083,29 +2638,12 @@ class Shampoo {
     // DDP: the update (decoupled decay folded in, notes 6.1.6) goes through the all-gather, or
     // with communicate_params the owner updates its blocks and the parameters travel.
     value_type* const delta_out = exchanges() && !m_dist.communicate_params ? m_work1.data() : nullptr;
-    double decay = 0.0;
-    if (o.weight_decay != 0.0) {
-      switch (o.weight_decay_type) {
-        case WeightDecayType::l2: break;
-        case WeightDecayType::decoupled: decay = o.weight_decay; break;
-        case WeightDecayType::corrected: decay = o.weight_decay * o.lr / *o.peak_lr; break;
-        case WeightDecayType::independent: decay = o.weight_decay / *o.peak_lr; break;
-      }
-    }
     if (o.iterate_averaging != IterateAveraging::none) {
-      const double mu_y = o.train_interp_coeff;
-      double mu_x = o.eval_interp_coeff;
-      if (o.iterate_averaging == IterateAveraging::schedule_free)
-        mu_x = grp.lr_sum > 0.0 ? 1.0 - std::pow(o.lr, o.eval_coeff_lr_power) / grp.lr_sum : 0.0;
       for_each_blocked(LATHER_LABEL("lather::Shampoo::apply_averaged"), space, p,
-                       impl::kernels::ApplyAveragedUpdate<value_type, memory_space>{
-                           p.param, direction, p.weight_buffer, value_type(1.0 - o.lr * decay), value_type(o.lr),
-                           value_type(1.0 - mu_x), value_type(1.0 - mu_x * mu_y), decay != 0.0, delta_out});
+                       averaged_update_kernel(p, sc, direction, p.weight_buffer, delta_out));
     } else {
       for_each_blocked(LATHER_LABEL("lather::Shampoo::apply"), space, p,
-                       impl::kernels::ApplyUpdate<value_type, memory_space>{
-                           p.param, direction, p.momentum, value_type(decay), value_type(o.momentum),
-                           value_type(1.0 - o.dampening), value_type(o.lr), o.momentum != 0.0, o.use_nesterov, delta_out});
+                       update_kernel(p, sc, direction, p.momentum, delta_out));
     }
     if (exchanges()) pack(space, i, delta_out);
   }
@@ -2575,6 +3113,15 @@ class Shampoo {
   std::map<std::size_t, vector_type> m_gram, m_gram2;
   vector_type m_grad, m_work0, m_work1, m_unfold;
   std::vector<vector_type> m_thread_gram, m_thread_unfold;  // host block concurrency, per thread
+  std::vector<vector_type> m_thread_grad, m_thread_x;       // fused host blocks, threads > 0
+  bool m_fused_eligible = false;                            // see fused_possible()
+  int m_fused_threads = 0;                                  // what plan_fused() planned for
+  std::vector<char> m_fused_wide;
+  std::vector<FusedTask> m_fused_order, m_fused_tasks;
+  std::vector<std::vector<factor_type>> m_thread_root;  // roots side by side: threads > 0, largest d^2
+  std::vector<RootJob> m_root_jobs;
+  bool m_roots_reserved = false;
+  std::vector<std::uint32_t> m_root_order;
   impl::ShampooStepInfo m_info;
   impl::GradientIntake<value_type, memory_space, ExecSpace> m_intake;
   // step()'s reused host buffers (see step()).

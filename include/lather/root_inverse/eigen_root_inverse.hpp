@@ -110,6 +110,7 @@ struct EigenWorkspace {
     for (auto* v : {&q, &scaled, &x, &a_copy})
       if (v->size() < n * n) v->resize(n * n);
     if (lambda.size() < n) lambda.resize(n);
+    s_scales.reserve(n);
   }
 };
 }  // namespace impl
@@ -179,6 +180,57 @@ struct EigenRootInverse {
                             const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, double root,
                             double epsilon,
                             const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
+    check_arguments(a, x, root, epsilon);
+    const auto n = static_cast<std::size_t>(a.extent(0));
+    if (n == 0) return RootInverseStatus::success;
+
+    const auto a_host = readable_on_host(space, a);
+    const T* result = nullptr;
+    const RootInverseStatus status = compute_into_workspace(a_host, n, root, epsilon, result);
+    if (status == RootInverseStatus::success || status == RootInverseStatus::non_finite) write_back(space, result, x);
+    return status;
+  }
+
+  /// \brief Grows the calling thread's work arrays (and LAPACK's) for matrices up to n x n of
+  /// T, so that compute_on_host allocates nothing for them afterwards.
+  template <class T>
+  void reserve_on_host(std::size_t n) const {
+    auto& result = impl::EigenWorkspace<T>::get().result;
+    if (result.size() < n * n) result.resize(n * n);
+    impl::lapack::lapack_int lwork = 0, liwork = 0, info = 0;
+    const auto ni = static_cast<impl::lapack::lapack_int>(n);
+    if (std::is_same_v<T, double> || compute_in_double) {
+      impl::EigenWorkspace<double>::get().reserve(n);
+      impl::lapack::syevd_reserve<double>(ni, lwork, liwork, info);
+    } else {
+      impl::EigenWorkspace<float>::get().reserve(n);
+      impl::lapack::syevd_reserve<float>(ni, lwork, liwork, info);
+    }
+  }
+
+  /// \brief compute() for host-accessible A and X, without an execution space: no fence and no
+  /// Kokkos kernel, work arrays per thread, so several host threads may call it at once on
+  /// different matrices (Shampoo's root steps on host spaces compute their blocks' roots side
+  /// by side with it, each thread with a single-threaded BLAS). Same results as compute().
+  template <class T, class MemorySpace>
+    requires(bool(Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible))
+  RootInverseStatus compute_on_host(const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, double root,
+                                    double epsilon, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
+    check_arguments(a, x, root, epsilon);
+    const auto n = static_cast<std::size_t>(a.extent(0));
+    if (n == 0) return RootInverseStatus::success;
+    const T* result = nullptr;
+    const RootInverseStatus status = compute_into_workspace(a, n, root, epsilon, result);
+    if (status == RootInverseStatus::success || status == RootInverseStatus::non_finite)
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = 0; j < n; ++j) x(i, j) = result[i * n + j];
+    return status;
+  }
+
+ private:
+  template <class T, class MemorySpace>
+  void check_arguments(const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a,
+                       const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x, double root, double epsilon) const {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                   "lather::EigenRootInverse: the matrix scalar must be float or double");
     validate();
@@ -186,29 +238,23 @@ struct EigenRootInverse {
                                        "any finite root > 0", epsilon);
     LATHER_THROW_IF(pseudo_inverse && epsilon != 0.0, "lather::EigenRootInverse: epsilon = ", epsilon,
                     " must be 0 with 'pseudo_inverse' (the reference raises the same error)");
-    const auto n = static_cast<std::size_t>(a.extent(0));
-    if (n == 0) return RootInverseStatus::success;
+  }
 
-    const auto a_host = readable_on_host(space, a);
+  // The checked arguments' X into this thread's result buffer (row-major, reused from call to
+  // call), `result` pointing at it.
+  template <class HostA, class T>
+  RootInverseStatus compute_into_workspace(const HostA& a_host, std::size_t n, double root, double epsilon,
+                                           const T*& result) const {
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < n; ++j)
         if (!std::isfinite(a_host(i, j))) return RootInverseStatus::failed;
-
-    // The result, row-major, in a per-thread buffer of T that outlives this call (reused).
-    auto& result = impl::EigenWorkspace<T>::get().result;
-    if (result.size() < n * n) result.resize(n * n);
-    RootInverseStatus status = RootInverseStatus::failed;
-    if (std::is_same_v<T, double> || compute_in_double) {
-      status = from_matrix<double>(a_host, n, root, epsilon, result.data());
-    } else {
-      status = from_matrix<float>(a_host, n, root, epsilon, result.data());
-    }
-    if (status == RootInverseStatus::success || status == RootInverseStatus::non_finite)
-      write_back(space, result.data(), x);
-    return status;
+    auto& buffer = impl::EigenWorkspace<T>::get().result;
+    if (buffer.size() < n * n) buffer.resize(n * n);
+    result = buffer.data();
+    if (std::is_same_v<T, double> || compute_in_double) return from_matrix<double>(a_host, n, root, epsilon, buffer.data());
+    return from_matrix<float>(a_host, n, root, epsilon, buffer.data());
   }
 
- private:
   // A readable on the host after `space` finished writing it: A itself when host-accessible,
   // otherwise a host copy.
   template <class ExecSpace, class T, class MemorySpace>

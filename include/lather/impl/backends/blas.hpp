@@ -75,6 +75,14 @@ class SingleThreaded {
   SingleThreaded(const SingleThreaded&) = delete;
   SingleThreaded& operator=(const SingleThreaded&) = delete;
   [[nodiscard]] bool active() const { return m_active; }
+  /// Whether the BLAS lets its thread count be set (what active() will say).
+  [[nodiscard]] static bool available() {
+#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
+    return openblas_get_num_threads != nullptr && openblas_set_num_threads != nullptr;
+#else
+    return false;
+#endif
+  }
 
  private:
   int m_previous = 1;

@@ -100,28 +100,25 @@ void call_gesdd(const lapack_int* m, const lapack_int* n, T* a, T* s, T* u, cons
 /// LAPACK's `info` (0 on success; > 0: the algorithm failed to converge). Its workspace is kept per
 /// thread (grown to the largest n seen), so repeated calls do not allocate. Runs in IEEE non-stop
 /// mode (NonStopFloatingPoint).
+/// This thread's syevd work arrays grown for n x n matrices (syevd then allocates nothing for
+/// them); lwork, liwork and info as LAPACK's workspace query gives them.
 template <class T>
-lapack_int syevd(lapack_int n, T* a, T* w) {
-  static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>, "syevd: float or double");
-  if (n == 0) return 0;
-  const NonStopFloatingPoint guard;
-  lapack_int info = 0;
-  // Workspace query.
-  T work_size{};
+detail::SyevdWorkspace<T>& syevd_reserve(lapack_int n, lapack_int& lwork, lapack_int& liwork, lapack_int& info) {
+  auto& ws = detail::syevd_workspace<T>();
+  // Workspace query (A and W are not read).
+  T work_size{}, dummy{};
   lapack_int iwork_size = 0;
   const lapack_int query = -1;
-  detail::call_syevd<T>(&n, a, w, &work_size, &query, &iwork_size, &query, &info);
-  if (info != 0) return info;
+  detail::call_syevd<T>(&n, &dummy, &dummy, &work_size, &query, &iwork_size, &query, &info);
+  if (info != 0) return ws;
   // The query's answer can round down when stored in a float: never ask for less than the
   // documented minimum (1 + 6n + 2n^2 and 3 + 5n for jobz = 'V').
   const lapack_int lwork_min = 1 + 6 * n + 2 * n * n;
-  const lapack_int lwork =
-      static_cast<lapack_int>(work_size) > lwork_min ? static_cast<lapack_int>(work_size) : lwork_min;
-  const lapack_int liwork = iwork_size > 3 + 5 * n ? iwork_size : 3 + 5 * n;
+  lwork = static_cast<lapack_int>(work_size) > lwork_min ? static_cast<lapack_int>(work_size) : lwork_min;
+  liwork = iwork_size > 3 + 5 * n ? iwork_size : 3 + 5 * n;
   // Work arrays kept per thread and grown to the largest n seen: fresh multi-megabyte blocks on
   // every call page-fault (up to 2x the decomposition's own time at n >= 512 on this project's
   // machine), and a root step must not allocate after the first.
-  auto& ws = detail::syevd_workspace<T>();
   if (ws.work.size() < static_cast<std::size_t>(lwork)) ws.work.resize(static_cast<std::size_t>(lwork));
   if (ws.iwork.size() < static_cast<std::size_t>(liwork)) ws.iwork.resize(static_cast<std::size_t>(liwork));
   // OpenBLAS 0.3.21's SSE3 symv kernel (ssymv_L_PRESCOTT, reached through ssytrd) reads up to
@@ -130,6 +127,18 @@ lapack_int syevd(lapack_int n, T* a, T* w) {
   // 64 bytes of slack (O(n^2), next to the O(n^3) decomposition).
   const auto nn = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
   if (ws.matrix.size() < nn + 64 / sizeof(T)) ws.matrix.resize(nn + 64 / sizeof(T));
+  return ws;
+}
+
+template <class T>
+lapack_int syevd(lapack_int n, T* a, T* w) {
+  static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>, "syevd: float or double");
+  if (n == 0) return 0;
+  const NonStopFloatingPoint guard;
+  lapack_int info = 0, lwork = 0, liwork = 0;
+  auto& ws = syevd_reserve<T>(n, lwork, liwork, info);
+  if (info != 0) return info;
+  const auto nn = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
   std::copy(a, a + nn, ws.matrix.begin());
   detail::call_syevd<T>(&n, ws.matrix.data(), w, ws.work.data(), &lwork, ws.iwork.data(), &liwork, &info);
   std::copy(ws.matrix.begin(), ws.matrix.begin() + static_cast<std::ptrdiff_t>(nn), a);

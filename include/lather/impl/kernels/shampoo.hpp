@@ -16,6 +16,13 @@
 #include <cstdint>
 #include <type_traits>
 
+// Host-only builds on x86-64: SSE2 for the host block norms (GPU builds keep the scalar form,
+// which gives the same bits).
+#if defined(__SSE2__) && !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
+#define LATHER_HAS_HOST_NORM_SIMD 1
+#include <emmintrin.h>
+#endif
+
 namespace lather::impl::kernels {
 
 /// Maps a parameter's row-major flat index to its position in lather's blocked order (each
@@ -445,18 +452,87 @@ struct BlockNorms {
     double sum = 0;
     Kokkos::parallel_reduce(
         Kokkos::TeamThreadRange(team, block_begin(b), block_begin(b + 1)),
-        [&](std::int64_t q, double& acc) {
-          const T y = graft_direction(x(q), graft_has_state ? graft_state(q) : T(0), graft, graft_has_state);
-          acc += double(y) * double(y);
-        },
+        [&](std::int64_t q, double& acc) { acc += term(x(q), graft_has_state ? graft_state(q) : T(0), graft, graft_has_state); },
         sum);
     Kokkos::single(Kokkos::PerTeam(team), [&]() { norms(b, column) = sum; });
+  }
+  /// One element's share (also the fused host path's, which must give the same bits).
+  KOKKOS_INLINE_FUNCTION static double term(T x, T v, const GraftScalars<T>& graft, bool graft_has_state) {
+    const T y = graft_direction(x, v, graft, graft_has_state);
+    return double(y) * double(y);
+  }
+};
+
+/// Host: the squared Frobenius norm of graft(x) (of x when `has_state` is false) over n
+/// contiguous elements, as BlockNorms' terms summed in 8 interleaved double partial sums (element
+/// q into partial q % 8, combined pairwise at the end). The fixed order gives the same bits with
+/// and without SIMD, in any thread and on either host path; a single running sum was a chain of
+/// dependent additions, and GCC's errno-keeping sqrt kept the loop scalar (a fifth of a steady
+/// gpt2-block step at block size 256 in perf).
+template <class T>
+inline double host_block_sq_norm(const T* x, const T* v, std::int64_t n, const GraftScalars<T>& graft, bool has_state) {
+  double s[8] = {};
+  std::int64_t q = 0;
+#ifdef LATHER_HAS_HOST_NORM_SIMD
+  if constexpr (std::is_same_v<T, float>) {
+    __m128d a0 = _mm_setzero_pd(), a1 = _mm_setzero_pd(), a2 = _mm_setzero_pd(), a3 = _mm_setzero_pd();
+    const __m128 bc = _mm_set1_ps(graft.bias_correction), eps = _mm_set1_ps(graft.epsilon);
+    for (; q + 8 <= n; q += 8) {
+      __m128 y0 = _mm_loadu_ps(x + q), y1 = _mm_loadu_ps(x + q + 4);
+      if (has_state) {  // x / (sqrt(v / bc) + eps), graft_direction's operations
+        y0 = _mm_div_ps(y0, _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(_mm_loadu_ps(v + q), bc)), eps));
+        y1 = _mm_div_ps(y1, _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(_mm_loadu_ps(v + q + 4), bc)), eps));
+      }
+      const __m128d d0 = _mm_cvtps_pd(y0), d1 = _mm_cvtps_pd(_mm_movehl_ps(y0, y0));
+      const __m128d d2 = _mm_cvtps_pd(y1), d3 = _mm_cvtps_pd(_mm_movehl_ps(y1, y1));
+      a0 = _mm_add_pd(a0, _mm_mul_pd(d0, d0));
+      a1 = _mm_add_pd(a1, _mm_mul_pd(d1, d1));
+      a2 = _mm_add_pd(a2, _mm_mul_pd(d2, d2));
+      a3 = _mm_add_pd(a3, _mm_mul_pd(d3, d3));
+    }
+    _mm_storeu_pd(s, a0);
+    _mm_storeu_pd(s + 2, a1);
+    _mm_storeu_pd(s + 4, a2);
+    _mm_storeu_pd(s + 6, a3);
+  } else if constexpr (std::is_same_v<T, double>) {
+    __m128d a[4] = {_mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd()};
+    const __m128d bc = _mm_set1_pd(graft.bias_correction), eps = _mm_set1_pd(graft.epsilon);
+    for (; q + 8 <= n; q += 8) {
+      for (int j = 0; j < 4; ++j) {
+        __m128d y = _mm_loadu_pd(x + q + 2 * j);
+        if (has_state) y = _mm_div_pd(y, _mm_add_pd(_mm_sqrt_pd(_mm_div_pd(_mm_loadu_pd(v + q + 2 * j), bc)), eps));
+        a[j] = _mm_add_pd(a[j], _mm_mul_pd(y, y));
+      }
+    }
+    for (int j = 0; j < 4; ++j) _mm_storeu_pd(s + 2 * j, a[j]);
+  }
+#endif
+  for (; q < n; ++q) {
+    const T y = graft_direction(x[q], has_state ? v[q] : T(0), graft, has_state);
+    s[q % 8] += double(y) * double(y);
+  }
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/// BlockNorms on a host space: one block per iteration with host_block_sq_norm (host functor).
+template <class T, class MemorySpace>
+struct HostBlockNorms : BlockNorms<T, MemorySpace, Kokkos::DefaultHostExecutionSpace> {
+  using BlockNorms<T, MemorySpace, Kokkos::DefaultHostExecutionSpace>::operator();
+  void operator()(std::int64_t b) const {
+    const std::int64_t begin = this->block_begin(b), n = this->block_begin(b + 1) - begin;
+    this->norms(b, this->column) =
+        host_block_sq_norm(this->x.data() + begin, this->graft_has_state ? this->graft_state.data() + begin : nullptr, n,
+                           this->graft, this->graft_has_state);
   }
 };
 
 /// P *= ||graft(Gbar)|| / (||P|| + 1e-16) per block.
 template <class T, class MemorySpace, class ExecSpace>
 struct GraftScale {
+  /// The factor from the two squared norms (shared with the fused host path).
+  KOKKOS_INLINE_FUNCTION static T ratio_of(double graft_sq, double direction_sq) {
+    return T(math::sqrt(graft_sq) / (math::sqrt(direction_sq) + 1e-16));
+  }
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   Kokkos::View<T*, MemorySpace> direction;
   Kokkos::View<const std::int64_t*, MemorySpace> block_begin;
@@ -465,7 +541,7 @@ struct GraftScale {
   // per-element form searched the block and took two square roots for every element.
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t b = team.league_rank();
-    const T ratio = T(math::sqrt(norms(b, 0)) / (math::sqrt(norms(b, 1)) + 1e-16));
+    const T ratio = ratio_of(norms(b, 0), norms(b, 1));
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, block_begin(b), block_begin(b + 1)),
                          [&](std::int64_t q) { direction(q) = direction(q) * ratio; });
   }
