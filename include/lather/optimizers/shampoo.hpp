@@ -1898,7 +1898,12 @@ class Shampoo {
         if (largest[i] > rest / threads) m_fused_wide[i] = more = true;
       }
     }
-    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    // A total order, so std::sort is deterministic (std::stable_sort's temporary buffer uses the
+    // nothrow operator new, which the tests' counting allocator does not replace).
+    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+      if (a.first != b.first) return a.first > b.first;
+      return a.second.param != b.second.param ? a.second.param < b.second.param : a.second.block < b.second.block;
+    });
     m_fused_order.clear();
     for (const auto& [c, task] : all)
       if (!m_fused_wide[task.param]) m_fused_order.push_back(task);
