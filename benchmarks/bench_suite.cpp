@@ -216,10 +216,22 @@ void triad(benchmark::State& state) {
     Kokkos::fence();
   };
   run();
-  const double t = timed_loop(state, run);
-  const double bytes = 3.0 * 4.0 * static_cast<double>(n);
-  state.counters["GB/s"] = bytes / t * 1e-9;
-  results()["triad"] = {t, 0, bytes, 0, 0, 0, 0};
+  // The machine's bandwidth is the best iteration (STREAM's rule; the mean moved by a third between
+  // runs on this shared VM), counting the bytes the memory really moves: STREAM counts 3 arrays,
+  // but a's cache lines are read before they are written (write-allocate), 4 arrays in all.
+  // AdamW's 7 streams have no such hidden traffic (every array it writes it also reads), so
+  // against STREAM's count it could reach more than 100%.
+  double best = 0;
+  timed_loop(state, [&] {
+    const auto t0 = Clock::now();
+    run();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = best == 0 ? dt : std::min(best, dt);
+  });
+  const double bytes = 4.0 * 4.0 * static_cast<double>(n);
+  state.counters["GB/s"] = bytes / best * 1e-9;
+  state.counters["GB/s_stream_count"] = 0.75 * bytes / best * 1e-9;
+  results()["triad"] = {best, 0, bytes, 0, 0, 0, 0};
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
@@ -540,7 +552,10 @@ void write_summary(const std::string& path, int threads) {
   const double gemm_rate = gemm ? gemm->flops / gemm->seconds : 0;
   out << "threads: " << threads << "\n\n";
   if (gemm) out << "SGEMM 1024: " << gemm_rate * 1e-9 << " GFLOP/s";
-  if (tri) out << "; STREAM triad: " << tri->bytes / tri->seconds * 1e-9 << " GB/s";
+  if (tri)
+    out << "; memory bandwidth (STREAM triad, best of its iterations, write-allocate counted): "
+        << tri->bytes / tri->seconds * 1e-9 << " GB/s (STREAM's own count: " << 0.75 * tri->bytes / tri->seconds * 1e-9
+        << ")";
   out << "\n\n| set | max dim | steady step | min work | GFLOP/s | of SGEMM | root step | F=100 amortized | "
          "state (lather) | state (reference, packed) | full factors (reference) | full factors (lather) | "
          "allocations per steady / root step (heap, Kokkos) |\n";
@@ -563,7 +578,7 @@ void write_summary(const std::string& path, int threads) {
                     rt->heap_allocations, rt->kokkos_allocations);
       out << buf;
     }
-  out << "\n| set | AdamW step | GB/s | of triad | allocations per step (heap, Kokkos) |\n";
+  out << "\n| set | AdamW step | GB/s | of bandwidth | allocations per step (heap, Kokkos) |\n";
   out << "| --- | ---: | ---: | ---: | ---: |\n";
   for (const auto& s : sets())
     if (const Result* a = find("adamw/" + s.name)) {

@@ -17,7 +17,9 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace {
@@ -314,6 +316,79 @@ void impl_test_adam_fast_path() {
       check_contiguous_equals_strided<lather::Adam, T, ExecSpace>(o, n);
 }
 
+// On host spaces one optimizer runs the element updates of all its contiguous Adam/AdamW
+// parameters in one loop over 4096-element chunks (impl/kernels/host_chunks.hpp). Each
+// parameter must end with the bits it gets alone in the general kernel (a strided copy):
+// sizes at and around chunk edges, a strided parameter and an amsgrad group (both outside the
+// chunk loop) in the same optimizer, a parameter without a gradient on one step, and two groups
+// with different options.
+template <template <class, class> class Opt, class T, class ExecSpace, class Options>
+void check_chunk_loop_equals_single(const Options& first, const Options& second) {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  using Strided = Kokkos::View<T*, Kokkos::LayoutStride, M>;
+  const std::vector<std::int64_t> sizes{1, 13, 4096, 4097, 3 * 4096 + 5, 70001, 2};
+  const std::size_t n = sizes.size(), strided_one = 1, second_group = 5;  // w5, w6 in group 1
+  std::vector<Kokkos::View<T*, M>> buffers;                                 // all storage
+  const auto view = [&](std::int64_t len) { return buffers.emplace_back("x", len); };
+  std::vector<P> together, grads_together, alone, grads_alone;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto w0 = lather::test::random_values(static_cast<std::size_t>(sizes[i]), 100 + i);
+    const auto wide = view(2 * sizes[i]), gwide = view(2 * sizes[i]);
+    const P a = lather::tensor_ref(Strided(wide.data(), Kokkos::LayoutStride(sizes[i], 2)));
+    const P ga = lather::tensor_ref(Strided(gwide.data(), Kokkos::LayoutStride(sizes[i], 2)));
+    const P t = i == strided_one ? P(lather::tensor_ref(Strided(view(2 * sizes[i]).data(), Kokkos::LayoutStride(sizes[i], 2))))
+                                 : lather::tensor_ref(view(sizes[i]));
+    lather::test::from_host(a, w0);
+    lather::test::from_host(t, w0);
+    alone.push_back(a);
+    grads_alone.push_back(ga);
+    together.push_back(t);
+    grads_together.push_back(lather::tensor_ref(view(sizes[i])));
+  }
+  using Group = lather::ParamGroup<P, Options>;
+  Opt<P, ExecSpace> opt(std::vector<Group>{
+      Group{std::span<P>(together.data(), second_group), first, {}},
+      Group{std::span<P>(together.data() + second_group, n - second_group), second, {}}});
+  std::vector<std::unique_ptr<Opt<P, ExecSpace>>> singles;
+  for (std::size_t i = 0; i < n; ++i)
+    singles.push_back(std::make_unique<Opt<P, ExecSpace>>(std::span<P>(&alone[i], 1), i < second_group ? first : second));
+  for (int step = 1; step <= 4; ++step) {
+    CAPTURE(step);
+    std::vector<P> g = grads_together;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto values = lather::test::random_values(static_cast<std::size_t>(sizes[i]), 1000 * step + i, 2.0);
+      lather::test::from_host(grads_together[i], values);
+      lather::test::from_host(grads_alone[i], values);
+      if (step == 3 && i == 4) {
+        g[i] = P();  // no gradient this step
+        continue;
+      }
+      singles[i]->step(ExecSpace(), std::vector<P>{grads_alone[i]});
+    }
+    opt.step(ExecSpace(), g);
+    for (std::size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      const auto x = lather::test::to_host(together[i]), y = lather::test::to_host(alone[i]);
+      std::size_t differ = 0;
+      for (std::size_t k = 0; k < x.size(); ++k) differ += x[k] != y[k] ? 1 : 0;
+      CHECK(differ == 0);
+    }
+  }
+}
+
+template <class T, class ExecSpace>
+void impl_test_adam_chunk_loop() {
+  using lather::AdamOptions, lather::AdamWOptions;
+  check_chunk_loop_equals_single<lather::AdamW, T, ExecSpace>(
+      AdamWOptions{.lr = 0.05, .betas = {0.5, 0.9}, .weight_decay = 0.3},
+      AdamWOptions{.lr = 0.01, .weight_decay = 0.0, .maximize = true});
+  check_chunk_loop_equals_single<lather::AdamW, T, ExecSpace>(AdamWOptions{},
+                                                              AdamWOptions{.lr = 0.02, .amsgrad = true});
+  check_chunk_loop_equals_single<lather::Adam, T, ExecSpace>(
+      AdamOptions{.lr = 0.05, .eps = 1e-3, .weight_decay = 0.1}, AdamOptions{.lr = 0.01, .maximize = true});
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: hand-computed scalar trajectories", ExecSpace, hand_computed) {
@@ -336,3 +411,10 @@ TEST_CASE_TEMPLATE_DEFINE("Adam/AdamW: the contiguous host path gives the genera
   impl_test_adam_fast_path<double, ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(adam_fast, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("Adam/AdamW: all parameters in one chunk loop give each parameter's own bits", ExecSpace,
+                          adam_chunks) {
+  impl_test_adam_chunk_loop<float, ExecSpace>();
+  impl_test_adam_chunk_loop<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(adam_chunks, lather_test_exec_spaces);

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <limits>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -231,3 +232,62 @@ TEST_CASE_TEMPLATE_DEFINE("errors: NaN and Inf gradients are refused before anyt
   impl_test_nonfinite_gradients<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(nonfinite, lather_test_exec_spaces);
+
+namespace {
+// The exact count over large gradients: on host spaces the check cuts all gradients into 4096-element
+// chunks in one loop and tests the exponent bits in vectors (impl/kernels/host_chunks.hpp). NaN,
+// Inf and -Inf at chunk and vector edges, in the last (partial) vector, in a strided gradient and
+// in a 1-element one; the largest finite value and subnormals count as finite.
+template <class T, class ExecSpace>
+void check_nonfinite_counts() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  using lim = std::numeric_limits<T>;
+  const std::int64_t n0 = 3 * 4096 + 7, n1 = 9001, n2 = 1;
+  Kokkos::View<T*, M> w0("w0", n0), w1("w1", n1), w2("w2", n2), g0("g0", n0), g2("g2", n2), gbig("gbig", 2 * n1);
+  Kokkos::View<T*, Kokkos::LayoutStride, M> g1(gbig.data(), Kokkos::LayoutStride(n1, 2));
+  for (auto& v : {w0, w1, w2, g0, g2, gbig}) Kokkos::deep_copy(v, T(0.25));
+  std::vector<P> params{lather::tensor_ref(w0), lather::tensor_ref(w1), lather::tensor_ref(w2)};
+  lather::AdamW<P, ExecSpace> opt(params, {}, {"w0", "w1", "w2"});
+  const auto grads = [&] { return std::vector<P>{lather::tensor_ref(g0), P(lather::tensor_ref(g1)), lather::tensor_ref(g2)}; };
+  const auto set = [](const auto& v, std::int64_t i, T x) { Kokkos::deep_copy(Kokkos::subview(v, i), x); };
+  // Finite extremes everywhere a bad value goes below: no count.
+  for (std::int64_t i : std::initializer_list<std::int64_t>{0, 3, 4095, 4096, 8191, 12288, n0 - 1}) set(g0, i, i % 2 ? lim::max() : -lim::denorm_min());
+  set(gbig, 2 * (n1 - 1), lim::lowest());  // g1's last element (g1 is every second one of gbig)
+  opt.step(ExecSpace(), grads());
+  const auto before = opt.state_dict();
+  const auto w0_before = lather::test::to_host(params[0]);
+  set(g0, 4095, lim::quiet_NaN());
+  set(g0, 4096, lim::infinity());
+  set(g0, n0 - 1, -lim::infinity());
+  set(g0, n0 - 5, lim::quiet_NaN());
+  CHECK_THROWS_WITH_AS(opt.step(ExecSpace(), grads()),
+                       Contains("the gradient of parameter 0 ('w0') has 4 NaN or Inf value(s) out of 12295; nothing was changed"),
+                       lather::invalid_argument);
+  for (std::int64_t i : std::initializer_list<std::int64_t>{4095, 4096, n0 - 5, n0 - 1}) set(g0, i, T(0.25));
+  set(gbig, 2 * (n1 - 1), lim::infinity());
+  set(gbig, 2 * 4097, -lim::quiet_NaN());
+  set(gbig, 2 * 4000 + 1, lim::quiet_NaN());  // between g1's elements: not counted
+  CHECK_THROWS_WITH_AS(opt.step(ExecSpace(), grads()),
+                       Contains("the gradient of parameter 1 ('w1') has 2 NaN or Inf value(s) out of 9001"),
+                       lather::invalid_argument);
+  set(gbig, 2 * (n1 - 1), T(0.25));
+  set(gbig, 2 * 4097, T(0.25));
+  set(g2, 0, -lim::infinity());
+  CHECK_THROWS_WITH_AS(opt.step(ExecSpace(), grads()),
+                       Contains("the gradient of parameter 2 ('w2') has 1 NaN or Inf value(s) out of 1"),
+                       lather::invalid_argument);
+  CHECK(opt.state_dict() == before);
+  CHECK(lather::test::to_host(params[0]) == w0_before);
+  set(g2, 0, T(0.25));
+  opt.step(ExecSpace(), grads());  // all finite again
+  CHECK(std::get<std::vector<std::int64_t>>(opt.state_dict().tensors.at("state.0.step").values)[0] == 2);
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("errors: NaN and Inf are counted exactly in large and strided gradients", ExecSpace,
+                          nonfinite_counts) {
+  check_nonfinite_counts<float, ExecSpace>();
+  check_nonfinite_counts<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(nonfinite_counts, lather_test_exec_spaces);

@@ -11,6 +11,7 @@
 #include <lather/error.hpp>
 #include <lather/impl/gradients.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/host_chunks.hpp>
 #include <lather/impl/option_check.hpp>
 #include <lather/impl/options_io.hpp>
 #include <lather/io/state_dict.hpp>
@@ -106,6 +107,10 @@ class DiagonalOptimizer {
     m_intake = GradientIntake<value_type, memory_space, ExecSpace>(Algorithm::name, m_params.size());
     m_states.resize(m_params.size());
     for (std::size_t i = 0; i < m_params.size(); ++i) allocate_needed(i);
+    if constexpr (has_host_jobs) {  // no allocation in step(), whichever parameters have gradients
+      m_jobs.reserve(m_params.size());
+      m_job_chunks.reserve(m_params.size());
+    }
   }
 
   // ---- the step ------------------------------------------------------------------------------
@@ -135,13 +140,33 @@ class DiagonalOptimizer {
       return;  // NonFinitePolicy::skip_step: nothing changes
     }
     const std::size_t n = g.size();
+    if constexpr (has_host_jobs) {
+      m_jobs.clear();
+      m_job_chunks.clear();
+    }
     for (std::size_t i = 0; i < n; ++i) {
       if (!m_intake.has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
       const options_type& o = m_group_options[m_group_of[i]];
       allocate_needed(i);
       state_type& s = m_states[i];
       s.step += 1;
+      if constexpr (has_host_jobs) {
+        // Host data the algorithm can run in chunks: collected, then one loop for all (below).
+        typename host_jobs<Algorithm>::type job;
+        if (Algorithm::template host_job<ExecSpace>(o, s, m_params[i], g[i], job)) {
+          m_job_chunks.add(m_jobs.size(), m_params[i].size());
+          m_jobs.push_back(job);
+          continue;
+        }
+      }
       Algorithm::template update<ExecSpace>(space, o, s, m_params[i], g[i]);
+    }
+    if constexpr (has_host_jobs) {
+      if (!m_jobs.empty())
+        kernels::for_host_chunks(step_label(), space, m_job_chunks,
+                                 [&](std::size_t e, std::int64_t begin, std::int64_t end) {
+                                   m_jobs[m_job_chunks.item(e)](begin, end);
+                                 });
     }
     Kokkos::Profiling::popRegion();
   }
@@ -427,6 +452,21 @@ class DiagonalOptimizer {
   std::vector<std::size_t> m_group_begin;
   std::vector<options_type> m_group_options;
   std::vector<state_type> m_states;
+  // Host chunk loop (kernels/host_chunks.hpp): an Algorithm with `host_job_type<T>` and
+  // `host_job(...)` runs the element updates of all parameters it accepts in one parallel loop.
+  template <class A, class = void>
+  struct host_jobs {
+    using type = int;
+    static constexpr bool value = false;
+  };
+  template <class A>
+  struct host_jobs<A, std::void_t<typename A::template host_job_type<value_type>>> {
+    using type = typename A::template host_job_type<value_type>;
+    static constexpr bool value = true;
+  };
+  static constexpr bool has_host_jobs = host_jobs<Algorithm>::value;
+  std::vector<typename host_jobs<Algorithm>::type> m_jobs;  // reserved for every parameter
+  kernels::HostChunkTable m_job_chunks;
   bool m_check_finite = true;
   NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
   GradientIntake<value_type, memory_space, ExecSpace> m_intake;

@@ -9,6 +9,7 @@
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/host_chunks.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/optimizers/nonfinite.hpp>
 
@@ -191,6 +192,30 @@ class GradientIntake {
   }
 
   void count_nonfinite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params) {
+#ifdef LATHER_HAS_HOST_CHUNKS
+    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible &&
+                  Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
+      // Host: every gradient's chunks in one parallel loop (kernels/host_chunks.hpp says why).
+      for (std::size_t i = 0; i < g.size(); ++i) m_counts_host(i) = 0;
+      m_chunks.clear();
+      for (std::size_t i = 0; i < g.size(); ++i)
+        if (has_gradient(g[i], params[i])) m_chunks.add(i, g[i].size());
+      const auto counts = m_counts_host;
+      kernels::for_host_chunks(m_check_label, space, m_chunks, [&](std::size_t e, std::int64_t begin, std::int64_t end) {
+        const std::size_t i = m_chunks.item(e);
+        const grad_ref& r = g[i];
+        std::int64_t n = 0;
+        if (r.is_row_major_contiguous()) {
+          n = kernels::host_count_nonfinite(r.data() + begin, end - begin);
+        } else {
+          for (std::int64_t q = begin; q < end; ++q) n += !math::isfinite(r[q]);
+        }
+        if (n != 0) Kokkos::atomic_add(&counts(i), n);  // rare: no contention in the normal case
+      });
+      space.fence();
+      return;
+    }
+#endif
     // A kernel, not deep_copy(space, view, 0): Kokkos 3.4's scalar fill allocates a label.
     Kokkos::parallel_for(LATHER_LABEL("lather::GradientIntake::zero_counts"),
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
@@ -211,6 +236,7 @@ class GradientIntake {
   std::vector<grad_ref> m_converted;
   std::vector<Range> m_ranges;
   std::vector<std::int64_t> m_combined;
+  kernels::HostChunkTable m_chunks;  // host spaces: the gradients' chunks (storage reused)
   Kokkos::View<std::int64_t*, MemorySpace> m_counts;
   // `auto`-typed mirror: View::HostMirror is deprecated in Kokkos 5.
   decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, MemorySpace>>())) m_counts_host;

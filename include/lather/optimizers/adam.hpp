@@ -8,6 +8,7 @@
 #include <lather/impl/diagonal_optimizer.hpp>
 #include <lather/impl/kernels/adam_simd.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/host_chunks.hpp>
 #include <lather/impl/label.hpp>
 
 #include <array>
@@ -87,29 +88,42 @@ struct AdamAlgorithm {
                            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()), k);
     };
     const bool contiguous = p.is_row_major_contiguous() && g.is_row_major_contiguous();
-#ifdef LATHER_HAS_ADAM_SIMD
-    // Contiguous host data without amsgrad: the vectorized loop, one chunk per index so each
-    // thread streams a contiguous range (kernels/adam_simd.hpp says why).
+    if (contiguous) launch(std::true_type{});
+    else launch(std::false_type{});
+  }
+
+#ifdef LATHER_HAS_HOST_CHUNKS
+  /// The host chunk loop (DiagonalOptimizer::step runs every parameter's job in one parallel
+  /// loop): contiguous float/double host data without amsgrad. Fills `job` and returns true, or
+  /// returns false and the parameter goes through update(). The job's loop (kernels/adam_simd.hpp,
+  /// vectorized where SSE2 is) does AdamStep's operations in its order: the same bits (tested).
+  template <class T>
+  using host_job_type = kernels::AdamHostJob<T>;
+  template <class ExecSpace, class T, class M, class State>
+  static bool host_job(const Options& o, State& s, const TensorRef<T, M>& p, const TensorRef<const T, M>& g,
+                       kernels::AdamHostJob<T>& job) {
     if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>) &&
                   Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible &&
                   Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
-      if (contiguous && !o.amsgrad) {
-        constexpr std::int64_t chunk = 4096;
-        const std::int64_t n = p.size();
-        kernels::AdamHostChunks<T> k{
-            p.data(), g.data(), s.fields[0].data(), s.fields[1].data(), n, chunk,
-            {T(o.betas[0]), T(1.0 - o.betas[0]), T(o.betas[1]), T(1.0 - o.betas[1]),
-             T(Decoupled ? 0.0 : o.weight_decay), T(1.0 - o.lr * o.weight_decay), T(o.lr / bias_correction1),
-             T(std::sqrt(bias_correction2)), T(o.eps), o.maximize, Decoupled && o.weight_decay != 0.0}};
-        Kokkos::parallel_for(Decoupled ? LATHER_LABEL("lather::AdamW::step") : LATHER_LABEL("lather::Adam::step"),
-                             Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, (n + chunk - 1) / chunk),
-                             k);
-        return;
-      }
+      if (!p.is_row_major_contiguous() || !g.is_row_major_contiguous() || o.amsgrad) return false;
+      job = {p.data(), g.data(), s.fields[0].data(), s.fields[1].data(), host_scalars<T>(o, s.step)};
+      return true;
+    } else {
+      return false;
     }
+  }
 #endif
-    if (contiguous) launch(std::true_type{});
-    else launch(std::false_type{});
+
+ private:
+  template <class T>
+  static kernels::AdamScalars<T> host_scalars(const Options& o, std::int64_t step) {
+    // Scalars in double on the host, as torch computes them from Python floats.
+    const double t = static_cast<double>(step);
+    const double bias_correction1 = 1.0 - std::pow(o.betas[0], t);
+    const double bias_correction2 = 1.0 - std::pow(o.betas[1], t);
+    return {T(o.betas[0]), T(1.0 - o.betas[0]), T(o.betas[1]), T(1.0 - o.betas[1]),
+            T(Decoupled ? 0.0 : o.weight_decay), T(1.0 - o.lr * o.weight_decay), T(o.lr / bias_correction1),
+            T(std::sqrt(bias_correction2)), T(o.eps), o.maximize, Decoupled && o.weight_decay != 0.0};
   }
 };
 }  // namespace impl

@@ -111,20 +111,16 @@ inline void adam_range(T* p, const T* g, T* m, T* v, std::int64_t begin, std::in
   for (; i < end; ++i) adam_element(p + i, g + i, m + i, v + i, s);
 }
 
-/// Host functor: one chunk of `chunk` elements per index, so that each thread runs the vector
-/// loop over a contiguous range.
+/// One parameter's part of a host chunk loop (DiagonalOptimizer: all parameters' chunks in one
+/// parallel loop).
 template <class T>
-struct AdamHostChunks {
+struct AdamHostJob {
   T* p;
   const T* g;
   T* m;
   T* v;
-  std::int64_t n, chunk;
   AdamScalars<T> s;
-  void operator()(std::int64_t c) const {
-    const std::int64_t begin = c * chunk;
-    adam_range(p, g, m, v, begin, begin + chunk < n ? begin + chunk : n, s);
-  }
+  void operator()(std::int64_t begin, std::int64_t end) const { adam_range(p, g, m, v, begin, end, s); }
 };
 
 }  // namespace lather::impl::kernels
