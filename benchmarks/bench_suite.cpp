@@ -198,10 +198,20 @@ void sgemm(benchmark::State& state, std::int64_t n) {
   Kokkos::fill_random(a, pool, -1.0f, 1.0f);
   Kokkos::fill_random(b, pool, -1.0f, 1.0f);
   KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);  // warm-up (threads, page faults)
-  const double t = timed_loop(state, [&] { KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c); });
+  // The reference rate is the best iteration, as the bandwidth's: on this shared VM the mean of a
+  // 2-thread SGEMM 1024 moved between 156 and 202 GFLOP/s within one evening, and a low mean made
+  // the steps' "of SGEMM" ratios look better than they were. The steps keep their mean.
+  double best = 0;
+  const double mean = timed_loop(state, [&] {
+    const auto t0 = Clock::now();
+    KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = best == 0 ? dt : std::min(best, dt);
+  });
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-  state.counters["GFLOP/s"] = flops / t * 1e-9;
-  results()["sgemm/" + std::to_string(n)] = {t, flops, 0, 0, 0, 0, 0};
+  state.counters["GFLOP/s"] = flops / best * 1e-9;
+  state.counters["GFLOP/s_mean"] = flops / mean * 1e-9;
+  results()["sgemm/" + std::to_string(n)] = {best, flops, 0, 0, 0, 0, 0};
 }
 
 void triad(benchmark::State& state) {
@@ -551,7 +561,7 @@ void write_summary(const std::string& path, int threads) {
   const Result* tri = find("triad");
   const double gemm_rate = gemm ? gemm->flops / gemm->seconds : 0;
   out << "threads: " << threads << "\n\n";
-  if (gemm) out << "SGEMM 1024: " << gemm_rate * 1e-9 << " GFLOP/s";
+  if (gemm) out << "SGEMM 1024 (best of its iterations): " << gemm_rate * 1e-9 << " GFLOP/s";
   if (tri)
     out << "; memory bandwidth (STREAM triad, best of its iterations, write-allocate counted): "
         << tri->bytes / tri->seconds * 1e-9 << " GB/s (STREAM's own count: " << 0.75 * tri->bytes / tri->seconds * 1e-9

@@ -355,7 +355,14 @@ make_hipcc_clang16() {
     echo 'exec /usr/bin/hipcc "$@"'
   } >"$shim/bin/hipcc.tmp"
   chmod +x "$shim/bin/hipcc.tmp"
-  mv -f "$shim/bin/hipcc.tmp" "$shim/bin/hipcc"
+  # Replaced only when it changed: ccache hashes the compiler's mtime (compiler_check), so a
+  # wrapper rewritten on every run made every HIP object a cache miss (the whole HIP build, about
+  # 10 minutes, on each CI run).
+  if cmp -s "$shim/bin/hipcc.tmp" "$shim/bin/hipcc"; then
+    rm -f "$shim/bin/hipcc.tmp"
+  else
+    mv -f "$shim/bin/hipcc.tmp" "$shim/bin/hipcc"
+  fi
   echo "$shim/bin/hipcc"
 }
 

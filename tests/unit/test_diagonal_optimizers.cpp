@@ -389,6 +389,25 @@ void impl_test_adam_chunk_loop() {
       AdamOptions{.lr = 0.05, .eps = 1e-3, .weight_decay = 0.1}, AdamOptions{.lr = 0.01, .maximize = true});
 }
 
+template <class T, class ExecSpace>
+void impl_test_other_chunk_loops() {
+  using lather::SGDOptions, lather::AdagradOptions, lather::RMSpropOptions;
+  // Momentum's first step copies the direction (the no-gradient step 3 of one parameter delays
+  // its buffer's second update), Nesterov, dampening, weight decay and maximize.
+  check_chunk_loop_equals_single<lather::SGD, T, ExecSpace>(
+      SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true},
+      SGDOptions{.lr = 0.02, .momentum = 0.5, .dampening = 0.3, .maximize = true});
+  check_chunk_loop_equals_single<lather::SGD, T, ExecSpace>(SGDOptions{.lr = 0.1}, SGDOptions{.lr = 0.01});
+  check_chunk_loop_equals_single<lather::Adagrad, T, ExecSpace>(
+      AdagradOptions{.lr = 0.05, .lr_decay = 0.1, .weight_decay = 0.2, .initial_accumulator_value = 0.5},
+      AdagradOptions{.lr = 0.01, .eps = 1e-3, .maximize = true});
+  check_chunk_loop_equals_single<lather::RMSprop, T, ExecSpace>(
+      RMSpropOptions{.lr = 0.01, .alpha = 0.9, .weight_decay = 0.1, .momentum = 0.8, .centered = true},
+      RMSpropOptions{.lr = 0.02, .eps = 1e-4, .maximize = true});
+  check_chunk_loop_equals_single<lather::RMSprop, T, ExecSpace>(
+      RMSpropOptions{.lr = 0.01, .centered = true}, RMSpropOptions{.lr = 0.02, .alpha = 0.5, .momentum = 0.9});
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: hand-computed scalar trajectories", ExecSpace, hand_computed) {
@@ -418,3 +437,10 @@ TEST_CASE_TEMPLATE_DEFINE("Adam/AdamW: all parameters in one chunk loop give eac
   impl_test_adam_chunk_loop<double, ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(adam_chunks, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("SGD/Adagrad/RMSprop: all parameters in one chunk loop give each parameter's own bits",
+                          ExecSpace, other_chunks) {
+  impl_test_other_chunk_loops<float, ExecSpace>();
+  impl_test_other_chunk_loops<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(other_chunks, lather_test_exec_spaces);

@@ -30,7 +30,9 @@
 #include <cstdlib>
 #include <limits>
 #include <new>
+#include <optional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -269,6 +271,75 @@ TEST_CASE("host BLAS: Q diag(s) Q^T through SYRK is symmetric and equals the def
       CHECK(std::fabs(x[i + j * n] - want) <= 4 * (n + 2) * 1.12e-16L * magnitude);
     }
 }
+
+namespace {
+// EigenRootInverse's X against the same steps written plainly: A_r's lower triangle copied
+// column by column, LAPACK's syevd, the eigenvalue rule and impl::matrix_from_eigenpairs (the
+// SYRK and an element-wise mirror). The root inverse copies through 32 x 32 tiles (both ways)
+// and writes X straight into host memory; the arithmetic is the same, so the results must agree
+// bit for bit. The upper triangle of A is different junk: only the lower one may be read.
+template <class ExecSpace, class T>
+void check_eigen_root_against_plain_steps(bool compute_in_double) {
+  using Space = typename ExecSpace::memory_space;
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const ExecSpace space;
+  for (const std::size_t n : {1, 2, 3, 13, 31, 32, 33, 64, 65, 100}) {
+    CAPTURE(n);
+    const auto b = random_matrix<T, Kokkos::LayoutRight, Space>(n, n, 90 + n);
+    Kokkos::View<T**, Kokkos::LayoutRight, Space> a("a", n, n);
+    lather::impl::kernels::gemm(space, "N", "T", T(1) / static_cast<T>(n), b, b, T(0), a);
+    auto ah = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = i + 1; j < n; ++j) ah(i, j) = static_cast<T>(3 * i + j) - T(50);
+    Kokkos::deep_copy(a, ah);
+    const double eps = 1e-4;
+    lather::EigenRootInverse strategy;
+    strategy.compute_in_double = compute_in_double;
+
+    // The plain steps, in the eigensolver's precision E.
+    auto plain = [&]<class E>(E) {
+      std::vector<E> q(n * n, E(0)), lambda(n), s;
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t i = j; i < n; ++i) q[i + j * n] = static_cast<E>(ah(i, j));
+      for (std::size_t i = 0; i < n; ++i) q[i + i * n] += static_cast<E>(eps);
+      REQUIRE(lather::impl::lapack::syevd(static_cast<lather::impl::lapack::lapack_int>(n), q.data(),
+                                          lambda.data()) == 0);
+      REQUIRE(lather::impl::inverse_root_scales(lambda, 4.0, eps, true, std::nullopt, s));
+      const auto x = lather::impl::matrix_from_eigenpairs(q, s, n);
+      std::vector<T> want(n * n);
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = 0; j < n; ++j) want[i * n + j] = static_cast<T>(x[i + j * n]);
+      return want;
+    };
+    const auto want = compute_in_double ? plain(double{}) : plain(C{});
+
+    Kokkos::View<T**, Kokkos::LayoutRight, Space> x("x", n, n);
+    REQUIRE(strategy.compute(space, Kokkos::View<const T**, Kokkos::LayoutRight, Space>(a), 4.0, eps, x) ==
+            lather::RootInverseStatus::success);
+    const auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) differ += xh(i, j) != want[i * n + j];
+    CHECK(differ == 0);
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible) {
+      Kokkos::View<T**, Kokkos::LayoutRight, Space> y("y", n, n);
+      REQUIRE(strategy.compute_on_host(Kokkos::View<const T**, Kokkos::LayoutRight, Space>(a), 4.0, eps, y) ==
+              lather::RootInverseStatus::success);
+      differ = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = 0; j < n; ++j) differ += y(i, j) != want[i * n + j];
+      CHECK(differ == 0);
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("host BLAS: EigenRootInverse equals its plain steps bit for bit across tile edges, reading one triangle", ExecSpace, eigen_plain_steps) {
+  check_eigen_root_against_plain_steps<ExecSpace, float>(false);
+  check_eigen_root_against_plain_steps<ExecSpace, float>(true);
+  check_eigen_root_against_plain_steps<ExecSpace, double>(false);
+}
+TEST_CASE_TEMPLATE_APPLY(eigen_plain_steps, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("host BLAS: reused workspaces give the same roots, bit for bit, whatever ran before", ExecSpace, workspace_reuse) {
   using Space = typename ExecSpace::memory_space;

@@ -41,6 +41,24 @@ struct DiagonalParamState {
   std::array<bool, NumFields> present{};
 };
 
+/// Runs an algorithm's element kernel over parameter `p`: `make(std::true_type{})` builds its
+/// contiguous form (plain pointers, vectorizable) when both tensors are row-major contiguous,
+/// `make(std::false_type{})` the general one.
+template <class ExecSpace, class T, class M, class Make>
+void launch_element_kernel(const std::string& label, const ExecSpace& space, const TensorRef<T, M>& p,
+                           const TensorRef<const T, M>& g, Make&& make) {
+  const Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>> range(space, 0, p.size());
+  if (p.is_row_major_contiguous() && g.is_row_major_contiguous()) Kokkos::parallel_for(label, range, make(std::true_type{}));
+  else Kokkos::parallel_for(label, range, make(std::false_type{}));
+}
+
+/// Whether parameter `p` may join the host chunk loop (DiagonalOptimizer::step): host data on a
+/// host space, both tensors contiguous.
+template <class ExecSpace, class T, class M>
+bool joins_host_chunks(const TensorRef<T, M>& p, const TensorRef<const T, M>& g) {
+  return kernels::host_chunks_apply<ExecSpace, M> && p.is_row_major_contiguous() && g.is_row_major_contiguous();
+}
+
 
 template <class Param, class ExecSpace, class Algorithm>
 class DiagonalOptimizer {
@@ -167,6 +185,7 @@ class DiagonalOptimizer {
                                  [&](std::size_t e, std::int64_t begin, std::int64_t end) {
                                    m_jobs[m_job_chunks.item(e)](begin, end);
                                  });
+      m_jobs.clear();  // jobs may hold Views of the state: no reference outlives the step
     }
     Kokkos::Profiling::popRegion();
   }
@@ -452,7 +471,7 @@ class DiagonalOptimizer {
   std::vector<std::size_t> m_group_begin;
   std::vector<options_type> m_group_options;
   std::vector<state_type> m_states;
-  // Host chunk loop (kernels/host_chunks.hpp): an Algorithm with `host_job_type<T>` and
+  // Host chunk loop (kernels/host_chunks.hpp): an Algorithm with `host_job_type<T, M>` and
   // `host_job(...)` runs the element updates of all parameters it accepts in one parallel loop.
   template <class A, class = void>
   struct host_jobs {
@@ -460,8 +479,8 @@ class DiagonalOptimizer {
     static constexpr bool value = false;
   };
   template <class A>
-  struct host_jobs<A, std::void_t<typename A::template host_job_type<value_type>>> {
-    using type = typename A::template host_job_type<value_type>;
+  struct host_jobs<A, std::void_t<typename A::template host_job_type<value_type, memory_space>>> {
+    using type = typename A::template host_job_type<value_type, memory_space>;
     static constexpr bool value = true;
   };
   static constexpr bool has_host_jobs = host_jobs<Algorithm>::value;

@@ -6,9 +6,12 @@
 
 #include <lather/impl/diagonal_optimizer.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/diagonal_host_jobs.hpp>
+#include <lather/impl/kernels/host_chunks.hpp>
 #include <lather/impl/label.hpp>
 
 #include <array>
+#include <cstdint>
 
 namespace lather {
 
@@ -52,11 +55,33 @@ struct AdagradAlgorithm {
   template <class ExecSpace, class T, class M, class State>
   static void update(const ExecSpace& space, const AdagradOptions& o, State& s,
                      const TensorRef<T, M>& p, const TensorRef<const T, M>& g) {
+    launch_element_kernel(LATHER_LABEL("lather::Adagrad::step"), space, p, g,
+                          [&](auto contiguous) { return step_kernel<decltype(contiguous)::value>(o, s, p, g); });
+  }
+
+#ifdef LATHER_HAS_HOST_CHUNKS
+  /// The host chunk loop (DiagonalOptimizer::step): contiguous host data runs AdagradStep's
+  /// operations, vectorized (kernels/diagonal_host_jobs.hpp), inside the loop over all
+  /// parameters' chunks.
+  template <class T, class M>
+  using host_job_type = kernels::AdagradHostJob<T>;
+  template <class ExecSpace, class T, class M, class State>
+  static bool host_job(const AdagradOptions& o, State& s, const TensorRef<T, M>& p,
+                       const TensorRef<const T, M>& g, host_job_type<T, M>& job) {
+    if (!joins_host_chunks<ExecSpace>(p, g)) return false;
+    const auto k = step_kernel<true>(o, s, p, g);
+    job = {p.data(), g.data(), s.fields[0].data(), k.clr, k.weight_decay, k.eps, k.maximize};
+    return true;
+  }
+#endif
+
+ private:
+  template <bool Contiguous, class T, class M, class State>
+  static kernels::AdagradStep<T, M, Contiguous> step_kernel(const AdagradOptions& o, State& s,
+                                                            const TensorRef<T, M>& p,
+                                                            const TensorRef<const T, M>& g) {
     const double clr = o.lr / (1.0 + static_cast<double>(s.step - 1) * o.lr_decay);
-    kernels::AdagradStep<T, M> k{p, g, s.fields[0], T(clr), T(o.weight_decay), T(o.eps), o.maximize};
-    Kokkos::parallel_for(LATHER_LABEL("lather::Adagrad::step"),
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()),
-                         k);
+    return {p, g, s.fields[0], T(clr), T(o.weight_decay), T(o.eps), o.maximize};
   }
 };
 }  // namespace impl

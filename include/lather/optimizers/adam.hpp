@@ -97,7 +97,7 @@ struct AdamAlgorithm {
   /// loop): contiguous float/double host data without amsgrad. Fills `job` and returns true, or
   /// returns false and the parameter goes through update(). The job's loop (kernels/adam_simd.hpp,
   /// vectorized where SSE2 is) does AdamStep's operations in its order: the same bits (tested).
-  template <class T>
+  template <class T, class M>
   using host_job_type = kernels::AdamHostJob<T>;
   template <class ExecSpace, class T, class M, class State>
   static bool host_job(const Options& o, State& s, const TensorRef<T, M>& p, const TensorRef<const T, M>& g,

@@ -6,9 +6,12 @@
 
 #include <lather/impl/diagonal_optimizer.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/diagonal_host_jobs.hpp>
+#include <lather/impl/kernels/host_chunks.hpp>
 #include <lather/impl/label.hpp>
 
 #include <array>
+#include <cstdint>
 
 namespace lather {
 
@@ -53,12 +56,36 @@ struct RmspropAlgorithm {
   template <class ExecSpace, class T, class M, class State>
   static void update(const ExecSpace& space, const RMSpropOptions& o, State& s,
                      const TensorRef<T, M>& p, const TensorRef<const T, M>& g) {
-    kernels::RmspropStep<T, M> k{p, g, s.fields[0], s.fields[1], s.fields[2], T(o.lr), T(o.alpha),
-                                 T(1.0 - o.alpha), T(o.eps), T(o.weight_decay), T(o.momentum),
-                                 o.centered, o.momentum > 0, o.maximize};
-    Kokkos::parallel_for(LATHER_LABEL("lather::RMSprop::step"),
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()),
-                         k);
+    launch_element_kernel(LATHER_LABEL("lather::RMSprop::step"), space, p, g,
+                          [&](auto contiguous) { return step_kernel<decltype(contiguous)::value>(o, s, p, g); });
+  }
+
+#ifdef LATHER_HAS_HOST_CHUNKS
+  /// The host chunk loop (DiagonalOptimizer::step): contiguous host data runs RmspropStep's
+  /// operations, vectorized (kernels/diagonal_host_jobs.hpp), inside the loop over all
+  /// parameters' chunks.
+  template <class T, class M>
+  using host_job_type = kernels::RmspropHostJob<T>;
+  template <class ExecSpace, class T, class M, class State>
+  static bool host_job(const RMSpropOptions& o, State& s, const TensorRef<T, M>& p,
+                       const TensorRef<const T, M>& g, host_job_type<T, M>& job) {
+    if (!joins_host_chunks<ExecSpace>(p, g)) return false;
+    const auto k = step_kernel<true>(o, s, p, g);
+    job = {p.data(), g.data(), s.fields[0].data(), k.centered ? s.fields[1].data() : nullptr,
+           k.use_momentum ? s.fields[2].data() : nullptr, k.lr, k.alpha, k.one_minus_alpha, k.eps,
+           k.weight_decay, k.momentum, k.centered, k.use_momentum, k.maximize};
+    return true;
+  }
+#endif
+
+ private:
+  template <bool Contiguous, class T, class M, class State>
+  static kernels::RmspropStep<T, M, Contiguous> step_kernel(const RMSpropOptions& o, State& s,
+                                                            const TensorRef<T, M>& p,
+                                                            const TensorRef<const T, M>& g) {
+    return {p, g, s.fields[0], s.fields[1], s.fields[2], T(o.lr), T(o.alpha),
+            T(1.0 - o.alpha), T(o.eps), T(o.weight_decay), T(o.momentum),
+            o.centered, o.momentum > 0, o.maximize};
   }
 };
 }  // namespace impl

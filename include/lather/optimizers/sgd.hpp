@@ -6,9 +6,12 @@
 
 #include <lather/impl/diagonal_optimizer.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/diagonal_host_jobs.hpp>
+#include <lather/impl/kernels/host_chunks.hpp>
 #include <lather/impl/label.hpp>
 
 #include <array>
+#include <cstdint>
 
 namespace lather {
 
@@ -51,14 +54,39 @@ struct SgdAlgorithm {
   template <class ExecSpace, class T, class M, class State>
   static void update(const ExecSpace& space, const SGDOptions& o, State& s,
                      const TensorRef<T, M>& p, const TensorRef<const T, M>& g) {
+    launch_element_kernel(LATHER_LABEL("lather::SGD::step"), space, p, g,
+                          [&](auto contiguous) { return step_kernel<decltype(contiguous)::value>(o, s, p, g); });
+  }
+
+#ifdef LATHER_HAS_HOST_CHUNKS
+  /// The host chunk loop (DiagonalOptimizer::step): contiguous host data runs SgdStep's
+  /// operations, vectorized (kernels/diagonal_host_jobs.hpp), inside the loop over all
+  /// parameters' chunks.
+  template <class T, class M>
+  using host_job_type = kernels::SgdHostJob<T>;
+  template <class ExecSpace, class T, class M, class State>
+  static bool host_job(const SGDOptions& o, State& s, const TensorRef<T, M>& p, const TensorRef<const T, M>& g,
+                       host_job_type<T, M>& job) {
+    if (!joins_host_chunks<ExecSpace>(p, g)) return false;
+    const auto k = step_kernel<true>(o, s, p, g);
+    job = {p.data(), g.data(), k.use_momentum ? s.fields[0].data() : nullptr, k.lr, k.weight_decay, k.momentum,
+           k.one_minus_dampening, k.nesterov, k.maximize, k.use_momentum, k.first_momentum_step};
+    return true;
+  }
+#endif
+
+ private:
+  // The step's kernel; marks the momentum buffer as holding state (torch's first step copies
+  // the direction into it).
+  template <bool Contiguous, class T, class M, class State>
+  static kernels::SgdStep<T, M, Contiguous> step_kernel(const SGDOptions& o, State& s, const TensorRef<T, M>& p,
+                                                        const TensorRef<const T, M>& g) {
     const bool use_momentum = o.momentum != 0.0;
-    kernels::SgdStep<T, M> k{p, g, s.fields[0], T(o.lr), T(o.weight_decay), T(o.momentum),
-                             T(1.0 - o.dampening), o.nesterov, o.maximize, use_momentum,
-                             use_momentum && !s.present[0]};
-    Kokkos::parallel_for(LATHER_LABEL("lather::SGD::step"),
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()),
-                         k);
+    kernels::SgdStep<T, M, Contiguous> k{p, g, s.fields[0], T(o.lr), T(o.weight_decay), T(o.momentum),
+                                         T(1.0 - o.dampening), o.nesterov, o.maximize, use_momentum,
+                                         use_momentum && !s.present[0]};
     if (use_momentum) s.present[0] = true;
+    return k;
   }
 };
 }  // namespace impl

@@ -95,19 +95,86 @@ std::vector<E> matrix_from_eigenpairs(const std::vector<E>& q, const std::vector
   return x;
 }
 
+/// Tile edge of the transposing copies below. A tile goes through a padded buffer, so that both
+/// the strided side and the contiguous side of the copy stream whole cache lines: at n a power of
+/// two, the 32 lines of a tile's column are 4n bytes apart and fall into one L1 set, and a direct
+/// transposing loop spent 5 ms of a 104 ms syevd at n = 1024, float, on this project's machine.
+inline constexpr std::size_t transpose_tile = 32;
+
+/// A (n x n, any host-readable 2-D accessor a(i, j)) into column-major `q` in precision C, with
+/// `diagonal` added to the diagonal. Returns false, with q partly written, when A holds a NaN or
+/// an infinity (anywhere, not only in the triangle LAPACK reads).
+template <class C, class HostA>
+bool load_column_major(const HostA& a, std::size_t n, C diagonal, C* q) {
+  constexpr std::size_t t = transpose_tile;
+  C buf[t][t + 1];
+  bool finite = true;
+  for (std::size_t ib = 0; ib < n; ib += t)
+    for (std::size_t jb = 0; jb < n; jb += t) {
+      const std::size_t ie = std::min(ib + t, n), je = std::min(jb + t, n);
+      for (std::size_t i = ib; i < ie; ++i)
+        for (std::size_t j = jb; j < je; ++j) {
+          const auto v = a(i, j);
+          finite &= static_cast<bool>(std::isfinite(v));  // no branch in the loop
+          buf[j - jb][i - ib] = static_cast<C>(v);
+        }
+      for (std::size_t j = jb; j < je; ++j)
+        for (std::size_t i = ib; i < ie; ++i) q[i + j * n] = buf[j - jb][i - ib];
+    }
+  if (diagonal != C(0))
+    for (std::size_t i = 0; i < n; ++i) q[i + i * n] += diagonal;
+  return finite;
+}
+
+/// The symmetric X whose upper triangle (i <= j) column-major `x` holds (what a SYRK with 'U'
+/// writes), as T into row-major `out` with row stride `ld`. The column-major upper triangle is
+/// the row-major lower one: each row's part left of the diagonal is a contiguous copy, only the
+/// mirrored part goes through tiles. Returns false when an entry is not finite in T.
+template <class E, class T>
+bool store_symmetric_rows(const E* x, std::size_t n, T* out, std::size_t ld) {
+  constexpr std::size_t t = transpose_tile;
+  bool finite = true;
+  for (std::size_t r = 0; r < n; ++r) {
+    const E* row = x + r * n;  // X(r, c) = x[c + r n] for c <= r
+    T* o = out + r * ld;
+    for (std::size_t c = 0; c <= r; ++c) {
+      const T v = static_cast<T>(row[c]);
+      finite &= static_cast<bool>(std::isfinite(v));
+      o[c] = v;
+    }
+  }
+  E buf[t][t + 1];
+  for (std::size_t rb = 0; rb < n; rb += t)
+    for (std::size_t cb = rb; cb < n; cb += t) {  // tiles holding some c > r
+      const std::size_t re = std::min(rb + t, n), ce = std::min(cb + t, n);
+      for (std::size_t c = cb; c < ce; ++c)
+        for (std::size_t r = rb; r < std::min(re, c); ++r) buf[r - rb][c - cb] = x[r + c * n];  // X(r, c), r < c
+      for (std::size_t r = rb; r < re; ++r) {
+        T* o = out + r * ld;
+        for (std::size_t c = std::max(cb, r + 1); c < ce; ++c) {
+          const T v = static_cast<T>(buf[r - rb][c - cb]);
+          finite &= static_cast<bool>(std::isfinite(v));
+          o[c] = v;
+        }
+      }
+    }
+  return finite;
+}
+
 /// Per-thread work arrays of EigenRootInverse in the eigensolver's precision E: grown to the
 /// largest n seen and kept, so repeated root computations neither allocate nor page-fault fresh
-/// memory (which cost up to 2x a bare syevd at n >= 512 on this project's machine).
+/// memory (which cost up to 2x a bare syevd at n >= 512 on this project's machine). Two n x n
+/// arrays: the eigenvectors (scaled in place for the SYRK) and the SYRK's output.
 template <class E>
 struct EigenWorkspace {
-  std::vector<E> q, lambda, s_scales, scaled, x, a_copy;
-  std::vector<E> result;  // EigenRootInverse's row-major output when E is the data's scalar
+  std::vector<E> q, lambda, s_scales, x;
+  std::vector<E> result;  // row-major X for compute() on memory the host cannot write
   static EigenWorkspace& get() {
     thread_local EigenWorkspace w;
     return w;
   }
   void reserve(std::size_t n) {
-    for (auto* v : {&q, &scaled, &x, &a_copy})
+    for (auto* v : {&q, &x})
       if (v->size() < n * n) v->resize(n * n);
     if (lambda.size() < n) lambda.resize(n);
     s_scales.reserve(n);
@@ -184,19 +251,27 @@ struct EigenRootInverse {
     const auto n = static_cast<std::size_t>(a.extent(0));
     if (n == 0) return RootInverseStatus::success;
 
-    const auto a_host = readable_on_host(space, a);
-    const T* result = nullptr;
-    const RootInverseStatus status = compute_into_workspace(a_host, n, root, epsilon, result);
-    if (status == RootInverseStatus::success || status == RootInverseStatus::non_finite) write_back(space, result, x);
-    return status;
+    const auto a_host = readable_on_host(space, a);  // fences `space`
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
+      return compute_host(a_host, n, root, epsilon, x.data(), static_cast<std::size_t>(x.stride(0)));
+    } else {
+      auto& buffer = impl::EigenWorkspace<T>::get().result;
+      if (buffer.size() < n * n) buffer.resize(n * n);
+      const RootInverseStatus status = compute_host(a_host, n, root, epsilon, buffer.data(), n);
+      if (status == RootInverseStatus::success || status == RootInverseStatus::non_finite) {
+        const Kokkos::View<const T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+            h(buffer.data(), n, n);
+        Kokkos::deep_copy(space, x, h);
+        space.fence();  // the buffer is this thread's and is reused by its next call
+      }
+      return status;
+    }
   }
 
   /// \brief Grows the calling thread's work arrays (and LAPACK's) for matrices up to n x n of
   /// T, so that compute_on_host allocates nothing for them afterwards.
   template <class T>
   void reserve_on_host(std::size_t n) const {
-    auto& result = impl::EigenWorkspace<T>::get().result;
-    if (result.size() < n * n) result.resize(n * n);
     impl::lapack::lapack_int lwork = 0, liwork = 0, info = 0;
     const auto ni = static_cast<impl::lapack::lapack_int>(n);
     if (std::is_same_v<T, double> || compute_in_double) {
@@ -219,12 +294,7 @@ struct EigenRootInverse {
     check_arguments(a, x, root, epsilon);
     const auto n = static_cast<std::size_t>(a.extent(0));
     if (n == 0) return RootInverseStatus::success;
-    const T* result = nullptr;
-    const RootInverseStatus status = compute_into_workspace(a, n, root, epsilon, result);
-    if (status == RootInverseStatus::success || status == RootInverseStatus::non_finite)
-      for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t j = 0; j < n; ++j) x(i, j) = result[i * n + j];
-    return status;
+    return compute_host(a, n, root, epsilon, x.data(), static_cast<std::size_t>(x.stride(0)));
   }
 
  private:
@@ -240,19 +310,13 @@ struct EigenRootInverse {
                     " must be 0 with 'pseudo_inverse' (the reference raises the same error)");
   }
 
-  // The checked arguments' X into this thread's result buffer (row-major, reused from call to
-  // call), `result` pointing at it.
+  // The checked arguments' X (row-major, row stride ld) into `out`, host memory; `out` is
+  // written only when the status is success or non_finite.
   template <class HostA, class T>
-  RootInverseStatus compute_into_workspace(const HostA& a_host, std::size_t n, double root, double epsilon,
-                                           const T*& result) const {
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < n; ++j)
-        if (!std::isfinite(a_host(i, j))) return RootInverseStatus::failed;
-    auto& buffer = impl::EigenWorkspace<T>::get().result;
-    if (buffer.size() < n * n) buffer.resize(n * n);
-    result = buffer.data();
-    if (std::is_same_v<T, double> || compute_in_double) return from_matrix<double>(a_host, n, root, epsilon, buffer.data());
-    return from_matrix<float>(a_host, n, root, epsilon, buffer.data());
+  RootInverseStatus compute_host(const HostA& a_host, std::size_t n, double root, double epsilon, T* out,
+                                 std::size_t ld) const {
+    if (std::is_same_v<T, double> || compute_in_double) return from_matrix<double>(a_host, n, root, epsilon, out, ld);
+    return from_matrix<float>(a_host, n, root, epsilon, out, ld);
   }
 
   // A readable on the host after `space` finished writing it: A itself when host-accessible,
@@ -273,75 +337,54 @@ struct EigenRootInverse {
     }
   }
 
-  // Row-major `result` into X (directly when host-accessible, else through one copy).
-  template <class ExecSpace, class T, class MemorySpace>
-  static void write_back(const ExecSpace& space, const T* result,
-                         const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) {
-    const std::size_t n = x.extent(0);
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
-      for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t j = 0; j < n; ++j) x(i, j) = result[i * n + j];
-    } else {
-      Kokkos::View<const T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>
-          h(result, n, n);
-      Kokkos::deep_copy(space, x, h);
-      space.fence();  // `result` dies when the caller returns
-    }
-  }
-
   // A_r in precision C (column-major; A is symmetric), its eigendecomposition, the eigenvalue
-  // rule and X, cast to T into `result` (row-major, n x n). Work arrays: EigenWorkspace<C>.
+  // rule and X, cast to T into `out` (row-major, row stride ld). Work arrays: EigenWorkspace<C>.
   template <class C, class HostA, class T>
-  RootInverseStatus from_matrix(const HostA& a_host, std::size_t n, double root, double epsilon, T* result) const {
-    const bool add_epsilon = perturb_before_computation && !pseudo_inverse;
+  RootInverseStatus from_matrix(const HostA& a_host, std::size_t n, double root, double epsilon, T* out,
+                                std::size_t ld) const {
+    const C diagonal = perturb_before_computation && !pseudo_inverse ? static_cast<C>(epsilon) : C(0);
     auto& w = impl::EigenWorkspace<C>::get();
     w.reserve(n);
-    C* q = w.q.data();
-    for (std::size_t j = 0; j < n; ++j)
-      for (std::size_t i = 0; i < n; ++i) {
-        const C v = static_cast<C>(a_host(i, j));
-        q[i + j * n] = add_epsilon && i == j ? v + static_cast<C>(epsilon) : v;
-      }
+    if (!impl::load_column_major(a_host, n, diagonal, w.q.data())) return RootInverseStatus::failed;
     const auto ni = static_cast<impl::lapack::lapack_int>(n);
-    if constexpr (std::is_same_v<C, float>) {
-      std::copy(q, q + n * n, w.a_copy.data());  // LAPACK overwrites q; kept for the double retry
-      if (impl::lapack::syevd(ni, q, w.lambda.data()) != 0) {
-        if (!retry_double_precision) return RootInverseStatus::failed;
-        // The reference's fp64 retry: eigh(A_r.double()), eigenvectors cast back at the end.
-        auto& w64 = impl::EigenWorkspace<double>::get();
-        w64.reserve(n);
-        std::copy(w.a_copy.data(), w.a_copy.data() + n * n, w64.q.data());
-        if (impl::lapack::syevd(ni, w64.q.data(), w64.lambda.data()) != 0) return RootInverseStatus::failed;
-        return from_eigenpairs(w64, n, root, epsilon, result);
-      }
-    } else {
-      if (impl::lapack::syevd(ni, q, w.lambda.data()) != 0) return RootInverseStatus::failed;
+    if (impl::lapack::syevd(ni, w.q.data(), w.lambda.data()) != 0) {
+      if (std::is_same_v<C, double> || !retry_double_precision) return RootInverseStatus::failed;
+      // The reference's fp64 retry: eigh(A_r.double()), eigenvectors cast back at the end. A_r
+      // is formed again from A (LAPACK overwrote q), its diagonal summed in C as above.
+      auto& w64 = impl::EigenWorkspace<double>::get();
+      w64.reserve(n);
+      (void)impl::load_column_major(a_host, n, 0.0, w64.q.data());
+      for (std::size_t i = 0; i < n; ++i)
+        w64.q[i + i * n] = static_cast<double>(static_cast<C>(a_host(i, i)) + diagonal);
+      if (impl::lapack::syevd(ni, w64.q.data(), w64.lambda.data()) != 0) return RootInverseStatus::failed;
+      return from_eigenpairs(w64, n, root, epsilon, out, ld);
     }
-    return from_eigenpairs(w, n, root, epsilon, result);
+    return from_eigenpairs(w, n, root, epsilon, out, ld);
   }
 
   // The eigenvalue rule and X = Q diag(s) Q^T (host BLAS), in the precision E of the eigensolver,
-  // from the eigenpairs in w (q, lambda).
+  // from the eigenpairs in w (q, lambda); q is scaled in place.
   template <class E, class T>
-  RootInverseStatus from_eigenpairs(impl::EigenWorkspace<E>& w, std::size_t n, double root, double epsilon,
-                                    T* result) const {
+  RootInverseStatus from_eigenpairs(impl::EigenWorkspace<E>& w, std::size_t n, double root, double epsilon, T* out,
+                                    std::size_t ld) const {
     // inverse_root_scales works on exactly-sized vectors: lambda and s are n long here.
     w.lambda.resize(n);
     for (const E l : w.lambda)
       if (!std::isfinite(l)) return RootInverseStatus::failed;
     if (!impl::inverse_root_scales(w.lambda, root, epsilon, perturb_before_computation, pseudo_inverse, w.s_scales)) {
-      std::fill(result, result + n * n, std::numeric_limits<T>::infinity());
+      for (std::size_t i = 0; i < n; ++i) std::fill(out + i * ld, out + i * ld + n, std::numeric_limits<T>::infinity());
       return RootInverseStatus::non_finite;
     }
-    impl::matrix_from_eigenpairs_into(w.q.data(), w.s_scales.data(), n, w.scaled.data(), w.x.data());
-    bool finite = true;
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < n; ++j) {
-        const T v = static_cast<T>(w.x[i + j * n]);
-        finite = finite && std::isfinite(v);
-        result[i * n + j] = v;
-      }
-    return finite ? RootInverseStatus::success : RootInverseStatus::non_finite;
+    // X = (Q diag(sqrt s)) (Q diag(sqrt s))^T: one SYRK, half a general product (s >= 0 here).
+    E* q = w.q.data();
+    for (std::size_t k = 0; k < n; ++k) {
+      const E r = std::sqrt(w.s_scales[k]);
+      for (std::size_t i = 0; i < n; ++i) q[i + k * n] *= r;
+    }
+    const auto ni = static_cast<std::int64_t>(n);
+    impl::blas::syrk<E>('U', 'N', ni, ni, E(1), q, ni, E(0), w.x.data(), ni);
+    return impl::store_symmetric_rows(w.x.data(), n, out, ld) ? RootInverseStatus::success
+                                                               : RootInverseStatus::non_finite;
   }
 };
 

@@ -61,7 +61,8 @@ struct ZeroCounts {
 
 // ---- SGD ------------------------------------------------------------------------------------------
 
-template <class T, class MemorySpace>
+/// \tparam Contiguous both tensors row-major contiguous: plain pointer access (see AdamStep).
+template <class T, class MemorySpace, bool Contiguous = false>
 struct SgdStep {
   TensorRef<T, MemorySpace> param;
   TensorRef<const T, MemorySpace> grad;
@@ -70,8 +71,9 @@ struct SgdStep {
   bool nesterov, maximize, use_momentum, first_momentum_step;
 
   KOKKOS_FUNCTION void operator()(index_type i) const {
-    T& p = param[i];
-    T d = maximize ? -grad[i] : grad[i];
+    T& p = Contiguous ? param.data()[i] : param[i];
+    const T gi = Contiguous ? grad.data()[i] : grad[i];
+    T d = maximize ? -gi : gi;
     if (weight_decay != T(0)) d = d + weight_decay * p;
     if (use_momentum) {
       // torch: the first buffer is a copy of d (no dampening), then buf*momentum + (1-dampening)*d.
@@ -85,7 +87,8 @@ struct SgdStep {
 
 // ---- Adagrad --------------------------------------------------------------------------------------
 
-template <class T, class MemorySpace>
+/// \tparam Contiguous both tensors row-major contiguous: plain pointer access (see AdamStep).
+template <class T, class MemorySpace, bool Contiguous = false>
 struct AdagradStep {
   TensorRef<T, MemorySpace> param;
   TensorRef<const T, MemorySpace> grad;
@@ -94,8 +97,9 @@ struct AdagradStep {
   bool maximize;
 
   KOKKOS_FUNCTION void operator()(index_type i) const {
-    T& p = param[i];
-    T g = maximize ? -grad[i] : grad[i];
+    T& p = Contiguous ? param.data()[i] : param[i];
+    const T gi = Contiguous ? grad.data()[i] : grad[i];
+    T g = maximize ? -gi : gi;
     if (weight_decay != T(0)) g = g + weight_decay * p;
     const T s = second_moment(sum(i), g, T(1), T(1));
     sum(i) = s;
@@ -105,7 +109,8 @@ struct AdagradStep {
 
 // ---- RMSprop --------------------------------------------------------------------------------------
 
-template <class T, class MemorySpace>
+/// \tparam Contiguous both tensors row-major contiguous: plain pointer access (see AdamStep).
+template <class T, class MemorySpace, bool Contiguous = false>
 struct RmspropStep {
   TensorRef<T, MemorySpace> param;
   TensorRef<const T, MemorySpace> grad;
@@ -116,8 +121,9 @@ struct RmspropStep {
   bool centered, use_momentum, maximize;
 
   KOKKOS_FUNCTION void operator()(index_type i) const {
-    T& p = param[i];
-    T g = maximize ? -grad[i] : grad[i];
+    T& p = Contiguous ? param.data()[i] : param[i];
+    const T gi = Contiguous ? grad.data()[i] : grad[i];
+    T g = maximize ? -gi : gi;
     if (weight_decay != T(0)) g = g + weight_decay * p;
     const T sq = second_moment(square_avg(i), g, alpha, one_minus_alpha);
     square_avg(i) = sq;

@@ -88,7 +88,9 @@ class HostChunkTable {
 
 /// \brief Runs `f(entry, begin, end)` for every chunk of `table` in one parallel loop on the host
 /// space `space` (static schedule: each thread gets a contiguous run of chunks). `label` is a
-/// LATHER_LABEL or another string kept alive: a label built per launch allocates.
+/// LATHER_LABEL or another string kept alive: a label built per launch allocates. Returns when
+/// the loop is done (the host backends lather supports, Serial and OpenMP, run parallel_for
+/// synchronously), so `f` and what it refers to may go away afterwards.
 template <class ExecSpace, class F>
 void for_host_chunks(const std::string& label, const ExecSpace& space, const HostChunkTable& table, const F& f) {
   struct Body {
@@ -102,6 +104,12 @@ void for_host_chunks(const std::string& label, const ExecSpace& space, const Hos
   Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, table.chunks()),
                        Body{&table, &f});
 }
+
+/// True when parameters in MemorySpace stepped on ExecSpace can join a host chunk loop.
+template <class ExecSpace, class MemorySpace>
+inline constexpr bool host_chunks_apply =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible &&
+    Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
 
 /// Number of NaN and Inf values among x[0, n) (contiguous). An IEEE value is NaN or Inf exactly
 /// when its exponent bits are all ones; the test on the bits vectorizes (math::isfinite, a libm
