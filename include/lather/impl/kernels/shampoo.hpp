@@ -8,6 +8,7 @@
 
 #include <lather/grafting/grafting.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/host_simd.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/traits/tensor_traits.hpp>
 
@@ -221,8 +222,15 @@ struct FactorCombineRows {
     const std::int64_t d = factor.d;
     const T* g = gram + i * d;
     if (factor.packed) {
+      // The scalars as locals and the branch outside the loop: a store through l may alias the
+      // members (this->beta2 is an F too), which kept the loop scalar with reloads.
       F* l = factor.data + (i * d - i * (i - 1) / 2) - i;
-      for (std::int64_t j = i; j < d; ++j) l[j] = (scale ? l[j] * beta2 : l[j]) + weight * F(g[j]);
+      const F b = beta2, w = weight;
+      if (scale) {
+        for (std::int64_t j = i; j < d; ++j) l[j] = l[j] * b + w * F(g[j]);
+      } else {
+        for (std::int64_t j = i; j < d; ++j) l[j] = l[j] + w * F(g[j]);
+      }
     } else {
       F* l = factor.data;
       for (std::int64_t j = i; j < d; ++j) {
@@ -469,12 +477,51 @@ struct BlockNorms {
 /// and without SIMD, in any thread and on either host path; a single running sum was a chain of
 /// dependent additions, and GCC's errno-keeping sqrt kept the loop scalar (a fifth of a steady
 /// gpt2-block step at block size 256 in perf).
+#ifdef LATHER_HAS_AVX512_DISPATCH
+/// host_block_sq_norm's vector loop with AVX-512 (host_simd.hpp): adds elements [0, returned) to
+/// the 8 partial sums s, element q into s[q % 8] in order (one 8-lane accumulator; a float vector
+/// of 16 is two steps of it).
+template <class T>
+LATHER_AVX512_FN std::int64_t host_block_sq_norm_avx512(const T* x, const T* v, std::int64_t n,
+                                                        const GraftScalars<T>& graft, bool has_state, double* s) {
+  using D = simd_detail::Avx512<double>;
+  using S = simd_detail::Avx512<T>;
+  const auto bc = S::set1(graft.bias_correction), eps = S::set1(graft.epsilon);
+  D::reg acc = D::set1(0.0);
+  std::int64_t q = 0;
+  for (; q + S::lanes <= n; q += S::lanes) {
+    auto y = S::load(x + q);
+    if (has_state) y = S::div(y, S::add(S::sqrt(S::div(S::load(v + q), bc)), eps));  // graft_direction's operations
+    if constexpr (std::is_same_v<T, float>) {
+      // (zero-masked forms: the unmasked ones, _mm512_castps512_ps256 included, trip GCC 12's
+      // maybe-uninitialized warning)
+      const __m512d lo =
+          _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(y), 0)));
+      const __m512d hi =
+          _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(y), 1)));
+      acc = D::add(acc, D::mul(lo, lo));
+      acc = D::add(acc, D::mul(hi, hi));
+    } else {
+      acc = D::add(acc, D::mul(y, y));
+    }
+  }
+  D::store(s, acc);
+  return q;
+}
+#endif
+
 template <class T>
 inline double host_block_sq_norm(const T* x, const T* v, std::int64_t n, const GraftScalars<T>& graft, bool has_state) {
   double s[8] = {};
   std::int64_t q = 0;
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    if (n >= 16 && simd_detail::use_avx512()) q = host_block_sq_norm_avx512(x, v, n, graft, has_state, s);
+#endif
 #ifdef LATHER_HAS_HOST_NORM_SIMD
-  if constexpr (std::is_same_v<T, float>) {
+  if (q != 0) {
+    // the AVX-512 loop ran; the rest is scalar
+  } else if constexpr (std::is_same_v<T, float>) {
     __m128d a0 = _mm_setzero_pd(), a1 = _mm_setzero_pd(), a2 = _mm_setzero_pd(), a3 = _mm_setzero_pd();
     const __m128 bc = _mm_set1_ps(graft.bias_correction), eps = _mm_set1_ps(graft.epsilon);
     for (; q + 8 <= n; q += 8) {

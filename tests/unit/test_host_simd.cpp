@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+// The host loops' run-time AVX-512 form (impl/kernels/host_simd.hpp) against the scalar kernels,
+// bit for bit: Shampoo's grafting norm (host_block_sq_norm: 8 partial sums, element q into
+// partial q % 8), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each with the wide path taken where the CPU has
+// AVX-512 and forced off (the SSE2 / scalar form), at lengths around every vector and tail edge
+// and from unaligned starts; then whole Shampoo and AdamW trajectories on every execution space
+// with the wide path on and off. Exact equality is the claim: IEEE division, square root, sums
+// and products are correctly rounded at every width and nothing may be fused into an FMA.
+#include <lather/impl/kernels/adam_simd.hpp>
+#include <lather/impl/kernels/diagonal_host_jobs.hpp>
+#include <lather/impl/kernels/host_simd.hpp>
+#include <lather/impl/kernels/shampoo.hpp>
+#include <lather/optimizers/adam.hpp>
+#include <lather/optimizers/shampoo.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <doctest/doctest.h>
+
+#include "exec_spaces.hpp"
+#include "test_utils.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using lather::impl::kernels::simd_detail::ScopedBaselineSimd;
+using lather::impl::kernels::simd_detail::use_avx512;
+
+std::vector<std::int64_t> lengths() {
+  std::vector<std::int64_t> n;
+  for (std::int64_t i = 0; i <= 49; ++i) n.push_back(i);
+  for (const std::int64_t i : {63, 64, 65, 255, 256, 257, 4096 + 7}) n.push_back(i);
+  return n;
+}
+
+// Values over many magnitudes (the partial sums' rounding then depends on the order).
+template <class T>
+std::vector<T> spread(std::int64_t n, std::uint64_t stream, bool positive) {
+  const auto r = lather::test::random_values(static_cast<std::size_t>(n), stream);
+  std::vector<T> x(r.size());
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const double mag = std::pow(10.0, static_cast<double>(static_cast<int>(i * 7 % 13)) - 6.0);
+    x[i] = T(positive ? std::abs(r[i]) * mag : r[i] * mag);
+  }
+  if (positive && n > 3) x[3] = T(0);  // v = 0: the direction is x / eps
+  return x;
+}
+
+// BlockNorms' terms summed in host_block_sq_norm's documented order, plainly.
+template <class T>
+double plain_sq_norm(const std::vector<T>& x, const std::vector<T>& v, const lather::GraftScalars<T>& g, bool has_state) {
+  double s[8] = {};
+  for (std::size_t q = 0; q < x.size(); ++q)
+    s[q % 8] += lather::impl::kernels::BlockNorms<T, Kokkos::HostSpace, Kokkos::DefaultHostExecutionSpace>::term(
+        x[q], has_state ? v[q] : T(0), g, has_state);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+template <class T>
+void check_sq_norm() {
+  const lather::GraftScalars<T> g{T(0.999), T(0.001), T(0.3), T(1e-8)};
+  for (const std::int64_t n : lengths()) {
+    const auto x = spread<T>(n, 10 + static_cast<std::uint64_t>(n), false);
+    const auto v = spread<T>(n, 5000 + static_cast<std::uint64_t>(n), true);
+    for (const bool has_state : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(has_state);
+      const double expected = plain_sq_norm(x, v, g, has_state);
+      const double wide = lather::impl::kernels::host_block_sq_norm(x.data(), v.data(), n, g, has_state);
+      double baseline = 0;
+      {
+        const ScopedBaselineSimd off;
+        CHECK_FALSE(use_avx512());
+        baseline = lather::impl::kernels::host_block_sq_norm(x.data(), v.data(), n, g, has_state);
+      }
+      CHECK(wide == expected);
+      CHECK(baseline == expected);
+    }
+  }
+}
+
+template <class T>
+void check_adam_range() {
+  using S = lather::impl::kernels::AdamScalars<T>;
+  std::vector<S> forms;
+  forms.push_back({T(0.9), T(0.1), T(0.999), T(0.001), T(0), T(1), T(1e-3), T(0.03), T(1e-8), false, false});
+  forms.push_back({T(0.9), T(0.1), T(0.99), T(0.01), T(0.01), T(1), T(2e-3), T(0.5), T(1e-6), true, false});  // L2, maximize
+  forms.push_back({T(0.8), T(0.2), T(0.999), T(0.001), T(0), T(0.99), T(1e-3), T(0.1), T(1e-8), false, true});  // decoupled
+  for (std::size_t f = 0; f < forms.size(); ++f) {
+    for (const std::int64_t n : lengths()) {
+      for (const std::int64_t begin : {std::int64_t{0}, std::int64_t{3}}) {
+        if (begin > n) continue;
+        CAPTURE(f);
+        CAPTURE(n);
+        CAPTURE(begin);
+        const auto p0 = spread<T>(n, 20 + static_cast<std::uint64_t>(n), false);
+        const auto g = spread<T>(n, 30 + static_cast<std::uint64_t>(n), false);
+        const auto m0 = spread<T>(n, 40 + static_cast<std::uint64_t>(n), false);
+        const auto v0 = spread<T>(n, 50 + static_cast<std::uint64_t>(n), true);
+        auto run = [&](int mode) {  // 0: element by element, 1: adam_range, 2: adam_range without AVX-512
+          std::vector<T> p = p0, m = m0, v = v0;
+          if (mode == 0) {
+            for (std::int64_t i = begin; i < n; ++i) lather::impl::kernels::adam_element(&p[i], &g[i], &m[i], &v[i], forms[f]);
+          } else if (mode == 1) {
+            lather::impl::kernels::adam_range(p.data(), g.data(), m.data(), v.data(), begin, n, forms[f]);
+          } else {
+            const ScopedBaselineSimd off;
+            lather::impl::kernels::adam_range(p.data(), g.data(), m.data(), v.data(), begin, n, forms[f]);
+          }
+          p.insert(p.end(), m.begin(), m.end());
+          p.insert(p.end(), v.begin(), v.end());
+          return p;
+        };
+        const auto expected = run(0);
+        CHECK(run(1) == expected);
+        CHECK(run(2) == expected);
+      }
+    }
+  }
+}
+
+// A chunk job (Adagrad, RMSprop) over [begin, n): whole range, whole range without AVX-512, and
+// one element per call (only the scalar tail runs), on copies of the same arrays.
+template <class T, class MakeJob>
+void check_job(const char* name, MakeJob make_job) {
+  for (const std::int64_t n : lengths()) {
+    for (const std::int64_t begin : {std::int64_t{0}, std::int64_t{3}}) {
+      if (begin > n) continue;
+      CAPTURE(name);
+      CAPTURE(n);
+      CAPTURE(begin);
+      const auto p0 = spread<T>(n, 60 + static_cast<std::uint64_t>(n), false);
+      const auto g = spread<T>(n, 70 + static_cast<std::uint64_t>(n), false);
+      const auto s0 = spread<T>(n, 80 + static_cast<std::uint64_t>(n), true);
+      // Centered RMSprop: |a| <= 0.1 sqrt(s) keeps s - a^2 >= 0 after the update (no NaN: the tests
+      // trap invalid operations).
+      auto a0 = spread<T>(n, 90 + static_cast<std::uint64_t>(n), false);
+      for (std::size_t i = 0; i < a0.size(); ++i) a0[i] = (a0[i] < T(0) ? T(-0.1) : T(0.1)) * std::sqrt(s0[i]);
+      const auto b0 = spread<T>(n, 95 + static_cast<std::uint64_t>(n), false);
+      auto run = [&](int mode) {
+        std::vector<T> p = p0, s = s0, a = a0, b = b0;
+        const auto job = make_job(p.data(), g.data(), s.data(), a.data(), b.data());
+        if (mode == 0) {
+          for (std::int64_t i = begin; i < n; ++i) job(i, i + 1);
+        } else if (mode == 1) {
+          job(begin, n);
+        } else {
+          const ScopedBaselineSimd off;
+          job(begin, n);
+        }
+        for (const auto* x : {&s, &a, &b}) p.insert(p.end(), x->begin(), x->end());
+        return p;
+      };
+      const auto expected = run(0);
+      const auto wide = run(1), baseline = run(2);
+      // Bits, not values: -0.0 == 0.0 would hide a sign difference.
+      REQUIRE(wide.size() == expected.size());
+      bool same_wide = true, same_baseline = true;
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        same_wide = same_wide && std::memcmp(&wide[i], &expected[i], sizeof(T)) == 0;
+        same_baseline = same_baseline && std::memcmp(&baseline[i], &expected[i], sizeof(T)) == 0;
+      }
+      CHECK(same_wide);
+      CHECK(same_baseline);
+    }
+  }
+}
+
+template <class T>
+void check_adagrad_rmsprop() {
+  using lather::impl::kernels::AdagradHostJob;
+  using lather::impl::kernels::RmspropHostJob;
+  for (const bool maximize : {false, true}) {
+    check_job<T>("Adagrad", [&](T* p, const T* g, T* s, T*, T*) {
+      return AdagradHostJob<T>{p, g, s, T(0.01), maximize ? T(0.1) : T(0), T(1e-10), maximize};
+    });
+  }
+  for (int form = 0; form < 4; ++form) {
+    const bool centered = (form & 1) != 0, momentum = (form & 2) != 0;
+    check_job<T>("RMSprop", [&](T* p, const T* g, T* s, T* a, T* b) {
+      return RmspropHostJob<T>{p, g, s, a, b, T(0.01), T(0.99), T(0.01), T(1e-8), form == 3 ? T(0.01) : T(0),
+                               T(0.9), centered, momentum, form == 2};
+    });
+  }
+}
+
+}  // namespace
+
+TEST_CASE("host SIMD: the AVX-512 dispatch follows the CPU and the test override") {
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  const bool cpu = __builtin_cpu_supports("avx512f");
+  CHECK(use_avx512() == cpu);
+  MESSAGE(std::string(cpu ? "AVX-512 loops exercised" : "AVX-512 loops not exercised (this CPU has no AVX-512F)"));
+#else
+  CHECK_FALSE(use_avx512());
+  MESSAGE("AVX-512 dispatch not compiled in this build");
+#endif
+  {
+    const ScopedBaselineSimd off;
+    CHECK_FALSE(use_avx512());
+    {
+      const ScopedBaselineSimd nested;
+      CHECK_FALSE(use_avx512());
+    }
+    CHECK_FALSE(use_avx512());
+  }
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  CHECK(use_avx512() == cpu);
+#endif
+}
+
+TEST_CASE("host SIMD: the grafting norm gives the plain sum's bits with and without AVX-512") {
+  check_sq_norm<float>();
+  check_sq_norm<double>();
+}
+
+TEST_CASE("host SIMD: Adam's host loop gives the scalar kernel's bits with and without AVX-512") {
+  check_adam_range<float>();
+  check_adam_range<double>();
+}
+
+TEST_CASE("host SIMD: the Adagrad and RMSprop chunk jobs give the scalar loop's bits with and without AVX-512") {
+  check_adagrad_rmsprop<float>();
+  check_adagrad_rmsprop<double>();
+}
+
+// Whole trajectories: a Shampoo with Adam grafting (blocks of 32: full, partial and 1-D blocks;
+// root steps every 2 steps) and an AdamW over sizes below, at and above a vector, on each space.
+template <class ExecSpace>
+void impl_test_trajectories() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<float, M>;
+  auto shampoo = [] {
+    Kokkos::View<float**, Kokkos::LayoutRight, M> w("w", 70, 45), g("g", 70, 45);
+    Kokkos::View<float*, M> b("b", 33), gb("gb", 33);
+    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(b)}, grads{lather::tensor_ref(g), lather::tensor_ref(gb)};
+    for (std::size_t i = 0; i < params.size(); ++i)
+      lather::test::from_host(params[i], lather::test::random_values(static_cast<std::size_t>(params[i].size()), 70 + i));
+    lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting> opt(
+        params, {.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 32, .precondition_frequency = 2},
+        {}, lather::AdamGrafting{.epsilon = 1e-8});
+    for (int t = 1; t <= 6; ++t) {
+      for (std::size_t i = 0; i < grads.size(); ++i)
+        lather::test::from_host(grads[i], lather::test::random_values(static_cast<std::size_t>(grads[i].size()), 100 * t + i));
+      opt.step(ExecSpace(), grads);
+    }
+    auto out = lather::test::to_host(params[0]);
+    const auto tail = lather::test::to_host(params[1]);
+    out.insert(out.end(), tail.begin(), tail.end());
+    return out;
+  };
+  auto adamw = [] {
+    std::vector<Kokkos::View<float*, M>> w, g;
+    std::vector<P> params, grads;
+    for (const int n : {1, 17, 5000}) {
+      w.emplace_back("w", n);
+      g.emplace_back("g", n);
+      params.push_back(lather::tensor_ref(w.back()));
+      grads.push_back(lather::tensor_ref(g.back()));
+      lather::test::from_host(params.back(), lather::test::random_values(static_cast<std::size_t>(n), 200 + n));
+    }
+    lather::AdamW<P, ExecSpace> opt(params, lather::AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+    for (int t = 1; t <= 4; ++t) {
+      for (std::size_t i = 0; i < grads.size(); ++i)
+        lather::test::from_host(grads[i], lather::test::random_values(static_cast<std::size_t>(grads[i].size()), 300 * t + i));
+      opt.step(ExecSpace(), grads);
+    }
+    std::vector<double> out;
+    for (const auto& p : params) {
+      const auto h = lather::test::to_host(p);
+      out.insert(out.end(), h.begin(), h.end());
+    }
+    return out;
+  };
+  const auto shampoo_wide = shampoo(), adamw_wide = adamw();
+  const ScopedBaselineSimd off;
+  CHECK(shampoo() == shampoo_wide);
+  CHECK(adamw() == adamw_wide);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("host SIMD: Shampoo and AdamW trajectories are the same bits with and without AVX-512", ExecSpace,
+                          trajectories) {
+  impl_test_trajectories<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(trajectories, lather_test_exec_spaces);
