@@ -11,6 +11,7 @@
 // 3.5); the test checks against 4 k u max|a| max|b| k-scaled, i.e. the bound with the sum
 // replaced by k max|a| max|b| and a factor 4 of room for the BLAS' blocked order.
 #include <lather/impl/backends/blas.hpp>
+#include <lather/impl/backends/blas_split.hpp>
 #include <lather/impl/kernels/matrix_functions.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
 #include <lather/optimizers/adam.hpp>
@@ -28,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <optional>
@@ -207,6 +209,181 @@ TEST_CASE("host BLAS: SYMM reads one triangle and equals the product with the fu
         }
     }
 }
+
+namespace {
+// lead(crew) in the first thread of one team of all of the space's threads, the others serving
+// as the crew's helpers (as Shampoo's wide blocks run).
+template <class ExecSpace, class F>
+void with_crew(const ExecSpace& space, const F& lead) {
+  using Policy = Kokkos::TeamPolicy<ExecSpace>;
+  lather::impl::blas::split::Crew* crew = nullptr;
+  const auto body = [&](const typename Policy::member_type& m) {
+    if (m.team_rank() != 0) {
+      crew->serve(m.team_rank());
+      return;
+    }
+    lead(crew);
+    crew->finish();
+  };
+  const int size = std::min(space.concurrency(), Policy(space, 1, 1).team_size_max(body, Kokkos::ParallelForTag()));
+  lather::impl::blas::split::Crew team(size);
+  crew = &team;
+  lather::impl::blas::SingleThreaded single;
+  Kokkos::parallel_for(Policy(space, 1, size), body);
+  space.fence();
+}
+
+// Bit for bit, NaN included.
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The split products (impl/backends/blas_split.hpp) on `space` against long-double definitions,
+// with alpha, beta and a prior C, at sizes below, at and above the split thresholds (parts of at
+// least 128, boundaries at multiples of 16) and with one dimension 1 or 3. NaN marks what must not
+// be read (SYMM's upper triangle) or written (SYRK's upper triangle). Through a crew (one team)
+// they give the launch's bits: the same parts.
+template <class T, class ExecSpace>
+void check_split_products(const ExecSpace& space) {
+  namespace split = lather::impl::blas::split;
+  using I = std::int64_t;
+  const ld u = std::numeric_limits<T>::epsilon();
+  const T alpha = T(0.75), beta = T(-0.5);
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  auto values = [](I count, std::uint64_t stream) {
+    const auto v = lather::test::random_values(static_cast<std::size_t>(count), stream);
+    return std::vector<T>(v.begin(), v.end());
+  };
+  auto at = [](const std::vector<T>& v, I i) { return static_cast<ld>(v[static_cast<std::size_t>(i)]); };
+  for (const I n : {13, 255, 256, 257, 300, 517})
+    for (const I k : {1, 3, 130})
+      for (const char trans : {'N', 'T'}) {
+        const bool tr = trans == 'T';
+        const I lda = tr ? k : n;
+        const auto a = values(n * k, 500 + static_cast<std::uint64_t>(n + k));  // n x k ('N') or k x n ('T')
+        auto c = values(n * n, 600 + static_cast<std::uint64_t>(n));
+        for (I j = 0; j < n; ++j)
+          for (I i = 0; i < j; ++i) c[static_cast<std::size_t>(i + j * n)] = nan;
+        const auto c0 = c;
+        auto by_crew = c;
+        split::syrk_lower<T>(&space, trans, n, k, alpha, a.data(), lda, beta, c.data(), n);
+        with_crew(space, [&](split::Crew* crew) {
+          split::syrk_lower<T>(crew, trans, n, k, alpha, a.data(), lda, beta, by_crew.data(), n);
+        });
+        CHECK(same_bits(c, by_crew));
+        for (I j = 0; j < n; ++j)
+          for (I i = 0; i < n; ++i) {
+            INFO("syrk n=", n, " k=", k, " trans=", trans, " (", i, ",", j, ")");
+            if (i < j) {
+              REQUIRE(std::isnan(c[static_cast<std::size_t>(i + j * n)]));
+              continue;
+            }
+            ld sum = 0;
+            for (I l = 0; l < k; ++l) sum += tr ? at(a, l + i * lda) * at(a, l + j * lda) : at(a, i + l * lda) * at(a, j + l * lda);
+            const ld want = static_cast<ld>(alpha) * sum + static_cast<ld>(beta) * at(c0, i + j * n);
+            REQUIRE(std::fabs(at(c, i + j * n) - want) <= 4 * static_cast<ld>(k + 2) * u);
+          }
+      }
+  for (const I d : {13, 300})
+    for (const I other : {1, 255, 300, 517})
+      for (const char side : {'L', 'R'}) {
+        const bool left = side == 'L';
+        const I m = left ? d : other, n = left ? other : d;
+        auto pmat = values(d * d, 700 + static_cast<std::uint64_t>(d));
+        auto full = [&](I i, I j) { return i >= j ? at(pmat, i + j * d) : at(pmat, j + i * d); };
+        for (I j = 0; j < d; ++j)
+          for (I i = 0; i < j; ++i) pmat[static_cast<std::size_t>(i + j * d)] = nan;
+        const auto b = values(m * n, 800 + static_cast<std::uint64_t>(m + n));
+        auto c = values(m * n, 900 + static_cast<std::uint64_t>(m * n));
+        const auto c0 = c;
+        auto by_crew = c;
+        split::symm<T>(&space, side, 'L', m, n, alpha, pmat.data(), d, b.data(), m, beta, c.data(), m);
+        with_crew(space, [&](split::Crew* crew) {
+          split::symm<T>(crew, side, 'L', m, n, alpha, pmat.data(), d, b.data(), m, beta, by_crew.data(), m);
+        });
+        CHECK(same_bits(c, by_crew));
+        for (I i = 0; i < m; ++i)
+          for (I j = 0; j < n; ++j) {
+            ld sum = 0;
+            for (I l = 0; l < d; ++l) sum += left ? full(i, l) * at(b, l + j * m) : at(b, i + l * m) * full(l, j);
+            const ld want = static_cast<ld>(alpha) * sum + static_cast<ld>(beta) * at(c0, i + j * m);
+            INFO("symm d=", d, " other=", other, " side=", side, " (", i, ",", j, ")");
+            REQUIRE(std::fabs(at(c, i + j * m) - want) <= 4 * static_cast<ld>(d + 2) * u);
+          }
+      }
+  const I shapes[][3] = {{3, 300, 300}, {300, 3, 3}, {517, 256, 13}, {256, 517, 1}, {13, 13, 13}};
+  for (const auto& sh : shapes)
+    for (int t = 0; t < 4; ++t) {
+      const I m = sh[0], n = sh[1], k = sh[2];
+      const char ta = (t & 1) ? 'T' : 'N', tb = (t & 2) ? 'T' : 'N';
+      const I lda = ta == 'N' ? m : k, ldb = tb == 'N' ? k : n;
+      const auto a = values(m * k, 1000 + static_cast<std::uint64_t>(m + k));
+      const auto b = values(k * n, 1100 + static_cast<std::uint64_t>(k + n));
+      auto c = values(m * n, 1200 + static_cast<std::uint64_t>(m * n));
+      const auto c0 = c;
+      auto by_crew = c;
+      split::gemm<T>(&space, ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), m);
+      with_crew(space, [&](split::Crew* crew) {
+        split::gemm<T>(crew, ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, by_crew.data(), m);
+      });
+      CHECK(same_bits(c, by_crew));
+      for (I i = 0; i < m; ++i)
+        for (I j = 0; j < n; ++j) {
+          ld sum = 0;
+          for (I l = 0; l < k; ++l)
+            sum += (ta == 'N' ? at(a, i + l * lda) : at(a, l + i * lda)) * (tb == 'N' ? at(b, l + j * ldb) : at(b, j + l * ldb));
+          const ld want = static_cast<ld>(alpha) * sum + static_cast<ld>(beta) * at(c0, i + j * m);
+          INFO("gemm m=", m, " n=", n, " k=", k, " ta=", ta, " tb=", tb, " (", i, ",", j, ")");
+          REQUIRE(std::fabs(at(c, i + j * m) - want) <= 4 * static_cast<ld>(k + 2) * u);
+        }
+    }
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("host BLAS: products split over the space's threads equal the definition", ExecSpace, split_products) {
+  namespace split = lather::impl::blas::split;
+  const ExecSpace space;
+  // How many parts: one without a space or below two parts of 128, else up to the thread count.
+  const bool control = lather::impl::blas::SingleThreaded::available();
+  const std::int64_t threads = space.concurrency();
+  CHECK(split::parts<ExecSpace>(nullptr, 4096) == 1);
+  CHECK(split::parts(&space, 255) == 1);
+  CHECK(split::parts(&space, 256) == (control ? std::min<std::int64_t>(threads, 2) : 1));
+  CHECK(split::parts(&space, 4096) == (control ? std::min<std::int64_t>(threads, 32) : 1));
+  MESSAGE("split products on this space: up to ", split::parts(&space, 4096), " parts");
+  with_crew(space, [&](split::Crew* crew) {
+    CHECK(crew->size() == threads);
+    CHECK(crew->parts(4096) == std::min<std::int64_t>(threads, 32));
+    CHECK(crew->parts(255) == 1);
+    // Every part runs exactly once, part 0 in the lead's thread, and run() returns after all.
+    for (int n = 1; n <= 4; ++n) {
+      std::vector<std::atomic<int>> ran(static_cast<std::size_t>(n));
+      crew->run(n, [&](int t) { ran[static_cast<std::size_t>(t)].fetch_add(1); });
+      for (const auto& r : ran) CHECK(r.load() == 1);
+    }
+  });
+  // Boundaries: aligned, increasing, covering.
+  for (const std::int64_t total : {256, 300, 517, 4096})
+    for (int n = 1; n <= 4; ++n) {
+      CHECK(split::boundary(total, n, 0) == 0);
+      CHECK(split::boundary(total, n, n) == total);
+      for (int t = 1; t < n; ++t) {
+        CHECK(split::boundary(total, n, t) % split::align == 0);
+        CHECK(split::boundary(total, n, t) > split::boundary(total, n, t - 1));
+      }
+    }
+  check_split_products<double>(space);
+  check_split_products<float>(space);
+  // One part is the plain call, bit for bit.
+  const auto x = lather::test::random_values(300 * 40, 77);
+  std::vector<double> one(300 * 300, 0.0), plain(300 * 300, 0.0);
+  lather::impl::blas::split::syrk_lower<double, ExecSpace>(nullptr, 'N', 300, 40, 1.0, x.data(), 300, 0.0, one.data(), 300);
+  lather::impl::blas::syrk<double>('L', 'N', 300, 40, 1.0, x.data(), 300, 0.0, plain.data(), 300);
+  CHECK(one == plain);
+}
+
+TEST_CASE_TEMPLATE_APPLY(split_products, lather_test_exec_spaces);
 
 TEST_CASE("Shampoo kernels: row-wise factor combine and triangle unpack equal the element-wise forms, bit for bit") {
   using namespace lather::impl::kernels;

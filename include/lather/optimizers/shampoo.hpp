@@ -22,6 +22,7 @@
 #include <lather/grafting/grafting.hpp>
 #include <lather/impl/agreement.hpp>
 #include <lather/impl/backends/blas.hpp>
+#include <lather/impl/backends/blas_split.hpp>
 #include <lather/impl/gradients.hpp>
 #include <lather/impl/kernels/distributed.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
@@ -1541,8 +1542,23 @@ class Shampoo {
   }
   // The host BLAS directly for host data, else KokkosBlas::gemm ordered with `space` by fences
   // (impl::kernels::gemm).
+  // Host products are split over the space's threads (impl/backends/blas_split.hpp), as the
+  // fused path's are, so both give the same bits.
   static void gemm(const ExecSpace& space, const char* ta, const char* tb, value_type alpha, const blas_matrix_type& a,
                    const blas_matrix_type& b, value_type beta, const blas_matrix_type& c) {
+    if constexpr (host_products) {
+      const auto m = static_cast<std::int64_t>(c.extent(0)), n = static_cast<std::int64_t>(c.extent(1));
+      const auto ra = static_cast<std::int64_t>(a.extent(0)), rb = static_cast<std::int64_t>(b.extent(0));
+      const auto k = static_cast<std::int64_t>(ta[0] == 'N' ? a.extent(1) : a.extent(0));
+      if (impl::blas::fits_int(m) && impl::blas::fits_int(n) && impl::blas::fits_int(k) && impl::blas::fits_int(ra) &&
+          impl::blas::fits_int(rb)) {
+        space.fence();
+        impl::blas::split::gemm<value_type>(&space, ta[0], tb[0], m, n, k, alpha, a.data(), std::max<std::int64_t>(1, ra),
+                                            b.data(), std::max<std::int64_t>(1, rb), beta, c.data(),
+                                            std::max<std::int64_t>(1, m));
+        return;
+      }
+    }
     impl::kernels::gemm(space, ta, tb, alpha, a, b, beta, c);
   }
   // The Gram matrix X^T X (`transpose_first`) or X X^T into `gram`, of which only the lower
@@ -1556,7 +1572,7 @@ class Shampoo {
       const auto k = static_cast<std::int64_t>(transpose_first ? x.extent(0) : x.extent(1));
       if (impl::blas::fits_int(d) && impl::blas::fits_int(k) && impl::blas::fits_int(rows)) {
         space.fence();
-        impl::blas::syrk<value_type>('L', transpose_first ? 'T' : 'N', d, k, value_type(1), x.data(),
+        impl::blas::split::syrk_lower<value_type>(&space, transpose_first ? 'T' : 'N', d, k, value_type(1), x.data(),
                                      std::max<std::int64_t>(1, rows), value_type(0), gram.data(),
                                      std::max<std::int64_t>(1, d));
         return;
@@ -1748,7 +1764,7 @@ class Shampoo {
   // accumulate_factor for every factor of block b (its gradient at x), serially in the calling
   // thread.
   void block_factors(ParamState& p, std::size_t b, const value_type* x, bool amortize, double beta2, double weight,
-                     value_type* gram_data, value_type* unfolded) {
+                     value_type* gram_data, value_type* unfolded, impl::blas::split::Crew* split = nullptr) {
     auto& blk = p.blocks[b];
     for (std::size_t k = 0; k < blk.factors.size(); ++k) {
       auto& f = blk.factors[k];
@@ -1760,16 +1776,16 @@ class Shampoo {
       }
       const auto [outer, d, inner] = unfold(blk.extent, k);
       if (outer == 1) {
-        impl::blas::syrk<value_type>('L', 'T', d, inner, value_type(1), x, std::max<std::int64_t>(1, inner), value_type(0),
-                                     gram_data, std::max<std::int64_t>(1, d));
+        impl::blas::split::syrk_lower<value_type>(split, 'T', d, inner, value_type(1), x, std::max<std::int64_t>(1, inner),
+                                                  value_type(0), gram_data, std::max<std::int64_t>(1, d));
       } else if (inner == 1) {
-        impl::blas::syrk<value_type>('L', 'N', d, outer, value_type(1), x, std::max<std::int64_t>(1, d), value_type(0),
-                                     gram_data, std::max<std::int64_t>(1, d));
+        impl::blas::split::syrk_lower<value_type>(split, 'N', d, outer, value_type(1), x, std::max<std::int64_t>(1, d),
+                                                  value_type(0), gram_data, std::max<std::int64_t>(1, d));
       } else {
         const std::int64_t m = outer * inner;
         const impl::kernels::UnfoldMode<value_type> to_front{x, unfolded, outer, d, inner, false};
         for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
-        impl::blas::syrk<value_type>('L', 'T', d, m, value_type(1), unfolded, m, value_type(0), gram_data, d);
+        impl::blas::split::syrk_lower<value_type>(split, 'T', d, m, value_type(1), unfolded, m, value_type(0), gram_data, d);
       }
       const impl::kernels::FactorCombineRows<value_type, factor_type> combine{
           gram_data, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0};
@@ -1780,7 +1796,7 @@ class Shampoo {
   // apply_inverse_factors for one block at x (result back at x, y its scratch), serially in the
   // calling thread: `pm` holds each unpacked inverse factor in turn.
   void block_direction(const block_state_type& blk, value_type* const x, value_type* const y, value_type* pm,
-                       value_type* unfolded) const {
+                       value_type* unfolded, impl::blas::split::Crew* split = nullptr) const {
     value_type* from = x;
     for (std::size_t k = 0; k < blk.factors.size(); ++k) {
       const auto& f = blk.factors[k];
@@ -1794,11 +1810,11 @@ class Shampoo {
         if (outer != 1 && inner != 1) {
           const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
           for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
-          mode_product_symm(outer, d, inner, pm, unfolded, to);
+          mode_product_symm(split, outer, d, inner, pm, unfolded, to);
           const impl::kernels::UnfoldMode<value_type> back{to, from, outer, d, inner, true};
           for (std::int64_t r = 0; r < outer * d; ++r) back(r);
         } else {
-          mode_product_symm(outer, d, inner, pm, from, to);
+          mode_product_symm(split, outer, d, inner, pm, from, to);
           from = to;
         }
         continue;
@@ -1808,18 +1824,18 @@ class Shampoo {
       for (std::int64_t i = 0; i < d; ++i)
         for (std::int64_t j = 0; j < d; ++j) unpack(i, j);
       if (outer == 1) {
-        impl::blas::gemm<value_type>('N', 'N', inner, d, d, value_type(1), from, std::max<std::int64_t>(1, inner), pm,
-                                     std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, inner));
+        impl::blas::split::gemm<value_type>(split, 'N', 'N', inner, d, d, value_type(1), from, std::max<std::int64_t>(1, inner),
+                                            pm, std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, inner));
         from = to;
       } else if (inner == 1) {
-        impl::blas::gemm<value_type>('T', 'N', d, outer, d, value_type(1), pm, std::max<std::int64_t>(1, d), from,
-                                     std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, d));
+        impl::blas::split::gemm<value_type>(split, 'T', 'N', d, outer, d, value_type(1), pm, std::max<std::int64_t>(1, d),
+                                            from, std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, d));
         from = to;
       } else {
         const std::int64_t m = outer * inner;
         const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
         for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
-        impl::blas::gemm<value_type>('N', 'N', m, d, d, value_type(1), unfolded, m, pm, d, value_type(0), to, m);
+        impl::blas::split::gemm<value_type>(split, 'N', 'N', m, d, d, value_type(1), unfolded, m, pm, d, value_type(0), to, m);
         const impl::kernels::UnfoldMode<value_type> back{to, from, outer, d, inner, true};
         for (std::int64_t r = 0; r < outer * d; ++r) back(r);
       }
@@ -1838,9 +1854,11 @@ class Shampoo {
   // launch or fence is paid per pass, and small parameters fill the threads together instead of
   // one parameter at a time. The tasks are taken largest first (dynamic, one at a time), each
   // with a single-threaded BLAS. A parameter with a block larger than an equal share of all the
-  // work per thread ("wide": mlp's (512, 784) at block size 1024) keeps the per-parameter path,
-  // whose products use the BLAS' own threads. Same operations per element, same BLAS calls and
-  // the same summation order for the norms as the per-parameter path: the same bits (tested).
+  // work per thread ("wide": mlp's (512, 784) at block size 1024) runs its blocks first, in the
+  // calling thread, with each product split over the threads (impl/backends/blas_split.hpp;
+  // OpenBLAS' own threads left asleep, so they do not spin against the tasks that follow). Same
+  // operations per element, same BLAS calls (split alike) and the same summation order for the
+  // norms as the per-parameter path: the same bits (tested).
   struct FusedTask {
     std::uint32_t param = 0, block = 0;
   };
@@ -1918,20 +1936,21 @@ class Shampoo {
     if constexpr (block_concurrency_possible) {
       const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
       if (threads != m_fused_threads) plan_fused(threads);
+      bool any_wide = false;
       for (std::size_t i = 0; i < m_params.size(); ++i) {
         if (!computes(i, g)) continue;
         if (direction) m_info.grafted = m_info.grafted || uses_graft(m_params[i].group);
         if (!m_fused_wide[i]) continue;
-        gather(space, i, g[i]);
-        if (factors) update_factors(space, i, amortize, m_groups[m_params[i].group].options);
-        if (direction) direction_and_update(space, i);
+        m_info.fused_blocks += static_cast<std::int64_t>(m_params[i].blocks.size());
+        any_wide = true;
       }
+      if (any_wide) run_wide(space, g, factors, direction, amortize);
       m_fused_tasks.clear();
       for (const auto& task : m_fused_order)
         if (computes(task.param, g)) m_fused_tasks.push_back(task);
       if (m_fused_tasks.empty()) return;
       m_info.fused_blocks += static_cast<std::int64_t>(m_fused_tasks.size());
-      space.fence();  // the wide parameters' kernels used the shared buffers that thread 0 takes now
+      space.fence();  // the wide parameters' split products used the shared buffers that thread 0 takes now
       std::optional<impl::blas::SingleThreaded> single;
       if (threads > 1) single.emplace();
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::fused_blocks"),
@@ -1944,6 +1963,45 @@ class Shampoo {
       (void)space, (void)g, (void)factors, (void)direction, (void)amortize;
     }
   }
+
+  // The wide parameters' blocks, one after the other, in one team of all threads: the lead runs
+  // each block's step, the others their parts of its products (impl::blas::split::Crew).
+  void run_wide(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g, bool factors,
+                bool direction, bool amortize) {
+    if constexpr (block_concurrency_possible) {
+      using Policy = Kokkos::TeamPolicy<ExecSpace>;
+      const Policy probe(space, 1, 1);
+      const int size = std::min(Kokkos::Experimental::UniqueToken<ExecSpace>(space).size(),
+                                probe.team_size_max(WideRunner{}, Kokkos::ParallelForTag()));
+      impl::blas::split::Crew crew(size);
+      impl::blas::SingleThreaded single;
+      space.fence();
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::wide_blocks"), Policy(space, 1, size),
+                           WideRunner{this, &g, &crew, factors, direction, amortize});
+      space.fence();  // before the guard gives the BLAS its threads back
+    } else {
+      (void)space, (void)g, (void)factors, (void)direction, (void)amortize;
+    }
+  }
+  struct WideRunner {
+    Shampoo* self = nullptr;
+    const std::vector<TensorRef<const value_type, memory_space>>* g = nullptr;
+    impl::blas::split::Crew* crew = nullptr;
+    bool factors = false, direction = false, amortize = false;
+    void operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type& member) const {
+      if (member.team_rank() != 0) {
+        crew->serve(member.team_rank());
+        return;
+      }
+      for (std::size_t i = 0; i < self->m_params.size(); ++i) {
+        if (!self->m_fused_wide[i] || !self->computes(i, *g)) continue;
+        auto& p = self->m_params[i];
+        for (std::size_t b = 0; b < p.blocks.size(); ++b)
+          self->fused_block(p, b, (*g)[i], self->fused_buffers(0, p.blocks[b]), factors, direction, amortize, crew);
+      }
+      crew->finish();
+    }
+  };
 
   // Host functor (never a device one: block_concurrency_possible is false in GPU builds).
   struct FusedRunner {
@@ -2078,7 +2136,8 @@ class Shampoo {
 
   // The step of block b of p in the calling thread (see "fused host blocks").
   void fused_block(ParamState& p, std::size_t b, const TensorRef<const value_type, memory_space>& grad,
-                   const FusedBuffers& buf, bool factors, bool direction, bool amortize) {
+                   const FusedBuffers& buf, bool factors, bool direction, bool amortize,
+                   impl::blas::split::Crew* split = nullptr) {
     auto& blk = p.blocks[b];
     const auto& o = m_groups[p.group].options;
     const std::int64_t n = numel_of(blk.extent);
@@ -2097,7 +2156,7 @@ class Shampoo {
     }
     if (factors) {
       const double beta2 = o.betas[1];
-      block_factors(p, b, buf.grad, amortize, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, buf.gram, buf.unfolded);
+      block_factors(p, b, buf.grad, amortize, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, buf.gram, buf.unfolded, split);
     }
     if (!direction) return;
     const StepScalars sc = step_scalars(p);
@@ -2107,7 +2166,7 @@ class Shampoo {
       double graft_sq = 0, direction_sq = 0;
       if constexpr (Grafting::enabled)
         graft_sq = impl::kernels::host_block_sq_norm(buf.x, graft_state.data(), n, sc.graft, Grafting::has_state);
-      block_direction(blk, buf.x, buf.grad, buf.gram, buf.unfolded);  // the gradient copy is free now
+      block_direction(blk, buf.x, buf.grad, buf.gram, buf.unfolded, split);  // the gradient copy is free now
       if constexpr (Grafting::enabled) {
         value_type* x = buf.x;
         direction_sq = impl::kernels::host_block_sq_norm<value_type>(x, nullptr, n, sc.graft, false);
@@ -2669,15 +2728,16 @@ class Shampoo {
   // column-major d x d `pm`, in the host BLAS: first dimension Y = X P (column-major view of the
   // row-major block: inner x d), last Y = P X (d x outer), a middle one on the block unfolded to
   // the front (outer * inner x d). Same products as the GEMM forms, reading one triangle.
-  static void mode_product_symm(std::int64_t outer, std::int64_t d, std::int64_t inner, const value_type* pm,
-                                const value_type* x, value_type* y) {
+  template <class Where>
+  static void mode_product_symm(Where* split, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                                const value_type* pm, const value_type* x, value_type* y) {
     if (inner == 1 && outer != 1) {
-      impl::blas::symm<value_type>('L', 'L', d, outer, value_type(1), pm, std::max<std::int64_t>(1, d), x,
-                                   std::max<std::int64_t>(1, d), value_type(0), y, std::max<std::int64_t>(1, d));
+      impl::blas::split::symm<value_type>(split, 'L', 'L', d, outer, value_type(1), pm, std::max<std::int64_t>(1, d), x,
+                                          std::max<std::int64_t>(1, d), value_type(0), y, std::max<std::int64_t>(1, d));
     } else {
       const std::int64_t m = outer * inner;
-      impl::blas::symm<value_type>('R', 'L', m, d, value_type(1), pm, std::max<std::int64_t>(1, d), x,
-                                   std::max<std::int64_t>(1, m), value_type(0), y, std::max<std::int64_t>(1, m));
+      impl::blas::split::symm<value_type>(split, 'R', 'L', m, d, value_type(1), pm, std::max<std::int64_t>(1, d), x,
+                                          std::max<std::int64_t>(1, m), value_type(0), y, std::max<std::int64_t>(1, m));
     }
   }
 
@@ -2704,7 +2764,7 @@ class Shampoo {
               Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unfold"), Range(space, 0, outer * d),
                                    impl::kernels::UnfoldMode<value_type>{from, m_unfold.data(), outer, d, inner, false});
             space.fence();
-            mode_product_symm(outer, d, inner, pm, outer != 1 && inner != 1 ? m_unfold.data() : from, to);
+            mode_product_symm(&space, outer, d, inner, pm, outer != 1 && inner != 1 ? m_unfold.data() : from, to);
             if (outer != 1 && inner != 1) {
               Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::fold"), Range(space, 0, outer * d),
                                    impl::kernels::UnfoldMode<value_type>{to, from, outer, d, inner, true});

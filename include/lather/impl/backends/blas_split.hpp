@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief Private. Host BLAS-3 products split into parts that run side by side on an execution
+/// space's threads, each part a single-threaded BLAS call (impl::blas::SingleThreaded).
+///
+/// Why not the BLAS' own threads: on a host space with several threads, Kokkos' workers and
+/// OpenBLAS' workers take turns on the same cores. After every threaded OpenBLAS call its workers
+/// spin in `sched_yield` for a while, taking time from the Kokkos kernels that follow (about a
+/// fifth of mlp's steady step at block size 1024 on 2 threads, perf). Splitting the product over
+/// the Kokkos threads leaves OpenBLAS' workers asleep and runs the same kernels.
+///
+/// Bits: the result of a product depends on how it is split, as it does on OpenBLAS' own thread
+/// count (its blocking of the summed dimension follows the part's shape), so every caller that
+/// must agree with another path uses these functions with the same space and the same shapes:
+/// `parts()` is a function of the space's thread count and the shape alone.
+#ifndef LATHER_IMPL_BACKENDS_BLAS_SPLIT_HPP
+#define LATHER_IMPL_BACKENDS_BLAS_SPLIT_HPP
+
+#include <Kokkos_Core.hpp>
+
+#include <lather/impl/backends/blas.hpp>
+#include <lather/impl/label.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+
+namespace lather::impl::blas::split {
+
+/// Rows or columns per part at least (smaller products gain less from a second thread than a
+/// launch costs); boundaries are multiples of `align`, the register block of the GEMM kernels.
+inline constexpr std::int64_t min_part = 128;
+inline constexpr std::int64_t align = 16;
+
+/// Parts of at most `threads` for a product whose split dimension is `free`.
+inline int parts_for(std::int64_t threads, std::int64_t free) {
+  return static_cast<int>(std::max<std::int64_t>(1, std::min(threads, free / min_part)));
+}
+
+/// How many parts a product whose split dimension is `free` gets on `space` (nullptr: one, the
+/// caller runs inside a thread of its own). One wherever the BLAS' threads cannot be set.
+template <class ExecSpace>
+int parts(const ExecSpace* space, std::int64_t free) {
+#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
+  if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+    if (space == nullptr || !SingleThreaded::available()) return 1;
+    return parts_for(space->concurrency(), free);
+  } else {
+    (void)space, (void)free;
+    return 1;
+  }
+#else
+  (void)space, (void)free;
+  return 1;
+#endif
+}
+
+/// Boundary t of `n` parts of [0, total): equal shares, aligned.
+inline std::int64_t boundary(std::int64_t total, int n, int t) {
+  if (t >= n) return total;
+  const std::int64_t b = (total * t / n) / align * align;
+  return std::min(b, total);
+}
+
+/// \brief The threads of one parallel launch working for one of them (the lead): inside a team
+/// of `size` threads, the lead runs a block's whole step and hands the other members ("helpers",
+/// which wait in serve()) their parts of each product, as one launch would, without a launch per
+/// product: with a passive OpenMP wait policy every launch wakes sleeping workers, about 100 us
+/// each on this machine, against about 1 us for a launch with spinning workers. The helpers spin
+/// (yielding after a while) until the lead calls finish(). The BLAS must be single-threaded
+/// meanwhile (the caller holds a SingleThreaded guard).
+class Crew {
+ public:
+  explicit Crew(int size) : m_size(size) {}
+  Crew(const Crew&) = delete;
+  Crew& operator=(const Crew&) = delete;
+  [[nodiscard]] int size() const { return m_size; }
+  [[nodiscard]] int parts(std::int64_t free) const { return parts_for(m_size, free); }
+
+  /// Lead: f(t) for t in [0, n), part t by member t % size (part 0 in the calling thread);
+  /// returns when all are done.
+  template <class F>
+  void run(int n, const F& f) {
+    if (n <= 1 || m_size <= 1) {
+      for (int t = 0; t < n; ++t) f(t);
+      return;
+    }
+    m_job = [](const void* g, int t) { (*static_cast<const F*>(g))(t); };
+    m_arg = &f;
+    m_parts = n;
+    m_pending.store(m_size - 1, std::memory_order_relaxed);
+    m_generation.fetch_add(1, std::memory_order_release);
+    for (int t = 0; t < n; t += m_size) f(t);
+    for (int spins = 0; m_pending.load(std::memory_order_acquire) != 0; ++spins) pause(spins);
+  }
+  /// Helper `rank` (1 to size - 1): runs its parts until finish().
+  void serve(int rank) {
+    unsigned seen = 0;
+    for (;;) {
+      unsigned g = 0;
+      for (int spins = 0; (g = m_generation.load(std::memory_order_acquire)) == seen; ++spins) {
+        if (m_done.load(std::memory_order_acquire)) return;
+        pause(spins);
+      }
+      seen = g;
+      for (int t = rank; t < m_parts; t += m_size) m_job(m_arg, t);
+      m_pending.fetch_sub(1, std::memory_order_release);
+    }
+  }
+  /// Lead: releases the helpers (after its last run()).
+  void finish() { m_done.store(true, std::memory_order_release); }
+
+ private:
+  static void pause(int spins) {
+    if (spins < 4096) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      std::this_thread::yield();  // oversubscribed cores: let the lead run
+    }
+  }
+  int m_size;
+  void (*m_job)(const void*, int) = nullptr;
+  const void* m_arg = nullptr;
+  int m_parts = 0;
+  std::atomic<int> m_pending{0};
+  std::atomic<unsigned> m_generation{0};
+  std::atomic<bool> m_done{false};
+};
+
+/// Where the parts of a product run: a launch on a space, a crew, or nowhere (one part).
+template <class ExecSpace>
+struct OnSpace {
+  const ExecSpace* space;
+  [[nodiscard]] int parts(std::int64_t free) const { return split::parts(space, free); }
+  template <class F>
+  void run(int n, const F& f) const {
+    SingleThreaded single;
+    space->fence();
+    Kokkos::parallel_for(LATHER_LABEL("lather::blas_split"),
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Static>, Kokkos::IndexType<int>>(*space, 0, n),
+                         f);
+    space->fence();  // before the guard gives the BLAS its threads back
+  }
+};
+struct OnCrew {
+  Crew* crew;
+  [[nodiscard]] int parts(std::int64_t free) const { return crew == nullptr ? 1 : crew->parts(free); }
+  template <class F>
+  void run(int n, const F& f) const {
+    crew->run(n, f);
+  }
+};
+template <class ExecSpace>
+OnSpace<ExecSpace> on(const ExecSpace* space) {
+  return {space};
+}
+inline OnCrew on(Crew* crew) { return {crew}; }
+
+/// The lower triangle of C (n x n) = alpha op(A) op(A)^T + beta C (`trans` as blas::syrk), split
+/// into column bands of equal triangle area: band [j0, j1) is a SYRK on its diagonal block and
+/// a GEMM for the rows below it. `where`: a space (one launch), a crew, or nullptr.
+template <class T, class Where>
+void syrk_lower(Where* where, char trans, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda, T beta,
+                T* c, std::int64_t ldc) {
+  const auto w = on(where);
+  const int p = w.parts(n);
+  if (p <= 1) {
+    blas::syrk<T>('L', trans, n, k, alpha, a, lda, beta, c, ldc);
+    return;
+  }
+  // Column j of the triangle holds n - j elements: band t ends where the area left is (1 - t/p).
+  auto edge = [=](int t) -> std::int64_t {
+    if (t <= 0) return 0;
+    if (t >= p) return n;
+    const double left = static_cast<double>(n) * std::sqrt(1.0 - static_cast<double>(t) / p);
+    return std::min<std::int64_t>(n, (n - static_cast<std::int64_t>(left)) / align * align);
+  };
+  const bool tr = trans == 'T';
+  w.run(p, [=](int t) {
+    const std::int64_t j0 = edge(t), j1 = edge(t + 1);
+    if (j1 <= j0) return;
+    const T* a0 = tr ? a + j0 * lda : a + j0;  // the band's columns (rows) of op(A)^T
+    const T* a1 = tr ? a + j1 * lda : a + j1;
+    blas::syrk<T>('L', trans, j1 - j0, k, alpha, a0, lda, beta, c + j0 + j0 * ldc, ldc);
+    if (n > j1)
+      blas::gemm<T>(tr ? 'T' : 'N', tr ? 'N' : 'T', n - j1, j1 - j0, k, alpha, a1, lda, a0, lda, beta, c + j1 + j0 * ldc,
+                    ldc);
+  });
+}
+
+/// C (m x n) = alpha A B + beta C (`side` 'L') or alpha B A + beta C (`side` 'R'), A symmetric
+/// (blas::symm), split along the dimension that A does not span: columns for 'L', rows for 'R'.
+template <class T, class Where>
+void symm(Where* where, char side, char uplo, std::int64_t m, std::int64_t n, T alpha, const T* a, std::int64_t lda,
+          const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  const auto w = on(where);
+  const bool left = side == 'L';
+  const int p = w.parts(left ? n : m);
+  if (p <= 1) {
+    blas::symm<T>(side, uplo, m, n, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  w.run(p, [=](int t) {
+    if (left) {
+      const std::int64_t j0 = boundary(n, p, t), j1 = boundary(n, p, t + 1);
+      blas::symm<T>(side, uplo, m, j1 - j0, alpha, a, lda, b + j0 * ldb, ldb, beta, c + j0 * ldc, ldc);
+    } else {
+      const std::int64_t i0 = boundary(m, p, t), i1 = boundary(m, p, t + 1);
+      blas::symm<T>(side, uplo, i1 - i0, n, alpha, a, lda, b + i0, ldb, beta, c + i0, ldc);
+    }
+  });
+}
+
+/// C (m x n) = alpha op(A) op(B) + beta C (blas::gemm), split along the larger of C's dimensions.
+template <class T, class Where>
+void gemm(Where* where, char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  const auto w = on(where);
+  const bool by_columns = n >= m;
+  const int p = w.parts(by_columns ? n : m);
+  if (p <= 1) {
+    blas::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  w.run(p, [=](int t) {
+    if (by_columns) {
+      const std::int64_t j0 = boundary(n, p, t), j1 = boundary(n, p, t + 1);
+      blas::gemm<T>(ta, tb, m, j1 - j0, k, alpha, a, lda, tb == 'N' ? b + j0 * ldb : b + j0, ldb, beta, c + j0 * ldc, ldc);
+    } else {
+      const std::int64_t i0 = boundary(m, p, t), i1 = boundary(m, p, t + 1);
+      blas::gemm<T>(ta, tb, i1 - i0, n, k, alpha, ta == 'N' ? a + i0 : a + i0 * lda, lda, b, ldb, beta, c + i0, ldc);
+    }
+  });
+}
+
+}  // namespace lather::impl::blas::split
+
+#endif
