@@ -341,9 +341,10 @@ void check_split_products(const ExecSpace& space) {
 }
 }  // namespace
 
-TEST_CASE_TEMPLATE_DEFINE("host BLAS: products split over the space's threads equal the definition", ExecSpace, split_products) {
+namespace {
+template <class ExecSpace>
+void split_products_on(const ExecSpace& space) {
   namespace split = lather::impl::blas::split;
-  const ExecSpace space;
   // How many parts: one without a space or below two parts of 128, else up to the thread count.
   const bool control = lather::impl::blas::SingleThreaded::available();
   const std::int64_t threads = space.concurrency();
@@ -381,6 +382,12 @@ TEST_CASE_TEMPLATE_DEFINE("host BLAS: products split over the space's threads eq
   lather::impl::blas::split::syrk_lower<double, ExecSpace>(nullptr, 'N', 300, 40, 1.0, x.data(), 300, 0.0, one.data(), 300);
   lather::impl::blas::syrk<double>('L', 'N', 300, 40, 1.0, x.data(), 300, 0.0, plain.data(), 300);
   CHECK(one == plain);
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("host BLAS: products split over the space's threads equal the definition", ExecSpace, split_products) {
+  // Host spaces only: the parts are host BLAS calls on host data (a device space never splits).
+  if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) split_products_on(ExecSpace());
 }
 
 TEST_CASE_TEMPLATE_APPLY(split_products, lather_test_exec_spaces);
