@@ -18,6 +18,7 @@
 // Besides Google Benchmark's report, `--summary=FILE` writes a Markdown summary with the derived
 // ratios and `--plot-data=FILE` the step times per parameter set (for gnuplot); `--smoke` runs one
 // iteration of each (for the CTest smoke test).
+#include <lather/impl/backends/blas.hpp>
 #include <lather/impl/backends/lapack.hpp>
 #include <lather/lather.hpp>
 #include <lather/optimizers/adam.hpp>
@@ -242,6 +243,72 @@ void triad(benchmark::State& state) {
   state.counters["GB/s"] = bytes / best * 1e-9;
   state.counters["GB/s_stream_count"] = 0.75 * bytes / best * 1e-9;
   results()["triad"] = {best, 0, bytes, 0, 0, 0, 0};
+}
+
+// The ceiling a steady Shampoo step can reach with this BLAS: a square d x d block's four calls
+// as the step makes them (the two factors' SYRKs, the two preconditioning SYMMs with the
+// unpacked inverse roots), nothing else, on data that stay in cache. Each host thread runs its
+// own block, as the step runs blocks side by side, single-threaded BLAS; per thread, the best of
+// its repetitions; the rate is the threads' minimal work (6 d^3 each, the steps' count) over the
+// slowest thread's best.
+struct BlockProducts {
+  std::int64_t d = 0;
+  int repetitions = 0;
+  std::vector<std::vector<float>>* buffers = nullptr;  // per thread: x, pm, gram, y
+  std::vector<double>* best = nullptr;
+  void operator()(int t) const {
+    namespace blas = lather::impl::blas;
+    auto& b = (*buffers)[static_cast<std::size_t>(t)];
+    const std::int64_t n = d * d;
+    float *x = b.data(), *pm = x + n, *gram = pm + n, *y = gram + n;
+    double fastest = 0;
+    for (int r = 0; r < repetitions; ++r) {
+      const auto t0 = Clock::now();
+      blas::syrk<float>('L', 'T', d, d, 1.0f, x, d, 0.0f, gram, d);
+      blas::syrk<float>('L', 'N', d, d, 1.0f, x, d, 0.0f, gram, d);
+      blas::symm<float>('R', 'L', d, d, 1.0f, pm, d, x, d, 0.0f, y, d);
+      blas::symm<float>('L', 'L', d, d, 1.0f, pm, d, y, d, 0.0f, gram, d);
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      fastest = r == 0 ? dt : std::min(fastest, dt);
+    }
+    (*best)[static_cast<std::size_t>(t)] = fastest;
+  }
+};
+
+void block_products(benchmark::State& state, std::int64_t d) {
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  const int threads = Host().concurrency();
+  const std::int64_t n = d * d;
+  std::vector<std::vector<float>> buffers(static_cast<std::size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    std::vector<float> r(static_cast<std::size_t>(2 * n));
+    std::uint64_t state_bits = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(t + 1);
+    for (auto& e : r) {  // uniform in [-1, 1): the values do not matter to the time
+      state_bits = state_bits * 6364136223846793005ull + 1442695040888963407ull;
+      e = static_cast<float>(static_cast<double>(state_bits >> 11) * 0x1.0p-52 - 1.0);
+    }
+    auto& b = buffers[static_cast<std::size_t>(t)];
+    b.assign(static_cast<std::size_t>(4 * n), 0.0f);
+    for (std::int64_t i = 0; i < n; ++i) b[static_cast<std::size_t>(i)] = r[static_cast<std::size_t>(i)];
+    for (std::int64_t i = 0; i < d; ++i)  // pm: symmetric (both triangles set, as the step unpacks)
+      for (std::int64_t j = 0; j <= i; ++j)
+        b[static_cast<std::size_t>(n + i * d + j)] = b[static_cast<std::size_t>(n + j * d + i)] =
+            r[static_cast<std::size_t>(n + i * d + j)];
+  }
+  std::vector<double> best(static_cast<std::size_t>(threads), 0.0);
+  const BlockProducts run{d, d >= 1024 ? 5 : 100, &buffers, &best};
+  const lather::impl::blas::SingleThreaded single;
+  double slowest = 0;
+  timed_loop(state, [&] {
+    Kokkos::parallel_for("block_products", Kokkos::RangePolicy<Host, Kokkos::Schedule<Kokkos::Static>>(0, threads),
+                         [&](int t) { run(t); });
+    Kokkos::fence();
+    slowest = *std::max_element(best.begin(), best.end());
+  });
+  const double flops = 6.0 * static_cast<double>(d) * static_cast<double>(d) * static_cast<double>(d) * threads;
+  state.counters["GFLOP/s"] = flops / slowest * 1e-9;
+  state.counters["threads"] = threads;
+  results()["block_products/" + std::to_string(d)] = {slowest, flops, 0, 0, 0, 0, 0};
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
@@ -475,6 +542,10 @@ void register_all(bool smoke) {
     b->UseManualTime()->Unit(benchmark::kMillisecond);
     if (smoke) b->Iterations(1);
   }
+  for (const std::int64_t d : {256, 1024}) {
+    auto* b = benchmark::RegisterBenchmark(("block_products/" + std::to_string(d)).c_str(), block_products, d);
+    b->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
+  }
   benchmark::RegisterBenchmark("stream_triad", triad)
       ->UseManualTime()
       ->Iterations(std::min(20, g_iterations_cap))
@@ -566,6 +637,17 @@ void write_summary(const std::string& path, int threads) {
     out << "; memory bandwidth (STREAM triad, best of its iterations, write-allocate counted): "
         << tri->bytes / tri->seconds * 1e-9 << " GB/s (STREAM's own count: " << 0.75 * tri->bytes / tri->seconds * 1e-9
         << ")";
+  // The ceiling of a steady step with this BLAS (block_products above).
+  for (const std::int64_t d : {256, 1024})
+    if (const Result* bp = find("block_products/" + std::to_string(d))) {
+      const double rate = bp->flops / bp->seconds;
+      std::snprintf(buf, sizeof buf,
+                    "\n\nA %lld x %lld block's four BLAS calls alone (hot caches, one block per thread): %.1f "
+                    "GFLOP/s, %.0f%% of SGEMM 1024",
+                    static_cast<long long>(d), static_cast<long long>(d), rate * 1e-9,
+                    gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0);
+      out << buf;
+    }
   out << "\n\n| set | max dim | steady step | min work | GFLOP/s | of SGEMM | root step | F=100 amortized | "
          "state (lather) | state (reference, packed) | full factors (reference) | full factors (lather) | "
          "allocations per steady / root step (heap, Kokkos) |\n";

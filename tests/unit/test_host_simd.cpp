@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The host loops' run-time AVX-512 form (impl/kernels/host_simd.hpp) against the scalar kernels,
-// bit for bit: Shampoo's grafting norm (host_block_sq_norm: 8 partial sums, element q into
-// partial q % 8), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each with the wide path taken where the CPU has
-// AVX-512 and forced off (the SSE2 / scalar form), at lengths around every vector and tail edge
+// The host loops' run-time AVX-512 and AVX forms (impl/kernels/host_simd.hpp) against the scalar
+// kernels, bit for bit: Shampoo's grafting norm (host_block_sq_norm: 8 partial sums, element q
+// into partial q % 8; AVX-512, AVX and SSE2 forms), Adam's update (adam_range) and the Adagrad
+// and RMSprop chunk jobs, each with the wide path taken where the CPU has it, limited to AVX, and
+// forced off (the SSE2 / scalar form), at lengths around every vector and tail edge
 // and from unaligned starts; then whole Shampoo and AdamW trajectories on every execution space
 // with the wide path on and off. Exact equality is the claim: IEEE division, square root, sums
 // and products are correctly rounded at every width and nothing may be fused into an FMA.
@@ -29,6 +30,9 @@
 namespace {
 
 using lather::impl::kernels::simd_detail::ScopedBaselineSimd;
+using lather::impl::kernels::simd_detail::ScopedSimdLimit;
+using lather::impl::kernels::simd_detail::SimdLimit;
+using lather::impl::kernels::simd_detail::use_avx;
 using lather::impl::kernels::simd_detail::use_avx512;
 
 std::vector<std::int64_t> lengths() {
@@ -72,13 +76,20 @@ void check_sq_norm() {
       CAPTURE(has_state);
       const double expected = plain_sq_norm(x, v, g, has_state);
       const double wide = lather::impl::kernels::host_block_sq_norm(x.data(), v.data(), n, g, has_state);
-      double baseline = 0;
+      double baseline = 0, avx = 0;
       {
         const ScopedBaselineSimd off;
         CHECK_FALSE(use_avx512());
+        CHECK_FALSE(use_avx());
         baseline = lather::impl::kernels::host_block_sq_norm(x.data(), v.data(), n, g, has_state);
       }
+      {
+        const ScopedSimdLimit at_most(SimdLimit::avx);
+        CHECK_FALSE(use_avx512());
+        avx = lather::impl::kernels::host_block_sq_norm(x.data(), v.data(), n, g, has_state);
+      }
       CHECK(wide == expected);
+      CHECK(avx == expected);
       CHECK(baseline == expected);
     }
   }
@@ -191,30 +202,43 @@ void check_adagrad_rmsprop() {
 
 }  // namespace
 
-TEST_CASE("host SIMD: the AVX-512 dispatch follows the CPU and the test override") {
+TEST_CASE("host SIMD: the AVX-512 and AVX dispatch follows the CPU and the test limits") {
 #ifdef LATHER_HAS_AVX512_DISPATCH
-  const bool cpu = __builtin_cpu_supports("avx512f");
+  const bool cpu = __builtin_cpu_supports("avx512f"), cpu_avx = __builtin_cpu_supports("avx");
   CHECK(use_avx512() == cpu);
+  CHECK(use_avx() == cpu_avx);
   MESSAGE(std::string(cpu ? "AVX-512 loops exercised" : "AVX-512 loops not exercised (this CPU has no AVX-512F)"));
+  MESSAGE(std::string(cpu_avx ? "AVX loops exercised" : "AVX loops not exercised (this CPU has no AVX)"));
 #else
   CHECK_FALSE(use_avx512());
-  MESSAGE("AVX-512 dispatch not compiled in this build");
+  CHECK_FALSE(use_avx());
+  MESSAGE("AVX-512 / AVX dispatch not compiled in this build");
 #endif
   {
     const ScopedBaselineSimd off;
     CHECK_FALSE(use_avx512());
+    CHECK_FALSE(use_avx());
     {
-      const ScopedBaselineSimd nested;
+      const ScopedSimdLimit wider(SimdLimit::avx512);  // a limit never widens an enclosing one
       CHECK_FALSE(use_avx512());
+      CHECK_FALSE(use_avx());
     }
     CHECK_FALSE(use_avx512());
   }
+  {
+    const ScopedSimdLimit at_most(SimdLimit::avx);
+    CHECK_FALSE(use_avx512());
+#ifdef LATHER_HAS_AVX512_DISPATCH
+    CHECK(use_avx() == cpu_avx);
+#endif
+  }
 #ifdef LATHER_HAS_AVX512_DISPATCH
   CHECK(use_avx512() == cpu);
+  CHECK(use_avx() == cpu_avx);
 #endif
 }
 
-TEST_CASE("host SIMD: the grafting norm gives the plain sum's bits with and without AVX-512") {
+TEST_CASE("host SIMD: the grafting norm gives the plain sum's bits with AVX-512, AVX and SSE2") {
   check_sq_norm<float>();
   check_sq_norm<double>();
 }

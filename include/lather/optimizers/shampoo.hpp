@@ -2108,11 +2108,13 @@ class Shampoo {
       else filter_loop<state, true, false, false>(g, f, v, out, n, k);
     }
   }
+  // `scale`: the grafting ratio, applied here instead of in a pass of its own (dir[c] * scale is
+  // the multiplication that pass did; 1 multiplies exactly).
   template <bool Decay, bool Momentum, bool Nesterov>
   static void update_row(value_type* __restrict w, const value_type* __restrict dir, value_type* __restrict mom,
-                         std::int64_t len, const impl::kernels::ApplyUpdate<value_type, memory_space>& k) {
+                         std::int64_t len, const impl::kernels::ApplyUpdate<value_type, memory_space>& k, value_type scale) {
     for (std::int64_t c = 0; c < len; ++c) {
-      value_type pc = dir[c];
+      value_type pc = dir[c] * scale;
       if constexpr (Decay) pc = pc + k.decay * w[c];
       if constexpr (Momentum) {
         const value_type m = mom[c] * k.momentum + k.one_minus_dampening * pc;
@@ -2125,12 +2127,12 @@ class Shampoo {
   }
   template <bool Decay, bool Momentum, bool Nesterov>
   static void run_update(const ParamState& p, const block_state_type& blk,
-                         const impl::kernels::ApplyUpdate<value_type, memory_space>& k) {
+                         const impl::kernels::ApplyUpdate<value_type, memory_space>& k, value_type scale) {
     value_type* const w = k.param.data();
     const value_type* const dir = k.direction.data();
     value_type* const mom = k.momentum_buffer.data();
     for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
-      update_row<Decay, Momentum, Nesterov>(w + flat, dir + local, Momentum ? mom + local : nullptr, len, k);
+      update_row<Decay, Momentum, Nesterov>(w + flat, dir + local, Momentum ? mom + local : nullptr, len, k, scale);
     });
   }
 
@@ -2162,34 +2164,43 @@ class Shampoo {
     const StepScalars sc = step_scalars(p);
     const auto graft_state = part(p.graft_state);
     run_filter(filter_kernel(p, sc, gv, part(p.filtered), graft_state, xv), n);
+    value_type ratio = value_type(1);  // the grafting scale of the direction x
     if (!sc.graft_now) {
       double graft_sq = 0, direction_sq = 0;
       if constexpr (Grafting::enabled)
         graft_sq = impl::kernels::host_block_sq_norm(buf.x, graft_state.data(), n, sc.graft, Grafting::has_state);
       block_direction(blk, buf.x, buf.grad, buf.gram, buf.unfolded, split);  // the gradient copy is free now
       if constexpr (Grafting::enabled) {
-        value_type* x = buf.x;
-        direction_sq = impl::kernels::host_block_sq_norm<value_type>(x, nullptr, n, sc.graft, false);
+        direction_sq = impl::kernels::host_block_sq_norm<value_type>(buf.x, nullptr, n, sc.graft, false);
         p.norms(b, 0) = graft_sq;
         p.norms(b, 1) = direction_sq;
-        const value_type ratio = impl::kernels::GraftScale<value_type, memory_space, ExecSpace>::ratio_of(graft_sq, direction_sq);
-        for (std::int64_t q = 0; q < n; ++q) x[q] = x[q] * ratio;
+        ratio = impl::kernels::GraftScale<value_type, memory_space, ExecSpace>::ratio_of(graft_sq, direction_sq);
       }
     }
+    // The update loops below scale x as they read it; the functor forms need x scaled first.
+    auto scale_x = [&] {
+      if constexpr (Grafting::enabled)
+        if (!sc.graft_now)
+          for (std::int64_t q = 0; q < n; ++q) buf.x[q] = buf.x[q] * ratio;
+    };
     if (o.iterate_averaging != IterateAveraging::none) {
+      scale_x();
       for_block_elements(p, blk, averaged_update_kernel(p, sc, xv, part(p.weight_buffer), nullptr));
       return;
     }
     const auto update = update_kernel(p, sc, xv, part(p.momentum), nullptr);
     if (!p.param.is_row_major_contiguous()) {
+      scale_x();
       for_block_elements(p, blk, update);
     } else if (update.use_momentum) {
       const bool decay = update.decay != value_type(0);
-      if (update.nesterov) decay ? run_update<true, true, true>(p, blk, update) : run_update<false, true, true>(p, blk, update);
-      else decay ? run_update<true, true, false>(p, blk, update) : run_update<false, true, false>(p, blk, update);
+      if (update.nesterov)
+        decay ? run_update<true, true, true>(p, blk, update, ratio) : run_update<false, true, true>(p, blk, update, ratio);
+      else
+        decay ? run_update<true, true, false>(p, blk, update, ratio) : run_update<false, true, false>(p, blk, update, ratio);
     } else {
-      update.decay != value_type(0) ? run_update<true, false, false>(p, blk, update)
-                                    : run_update<false, false, false>(p, blk, update);
+      update.decay != value_type(0) ? run_update<true, false, false>(p, blk, update, ratio)
+                                    : run_update<false, false, false>(p, blk, update, ratio);
     }
   }
 

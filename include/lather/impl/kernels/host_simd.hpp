@@ -1,20 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 /// \file
-/// \brief Private. Run-time choice of AVX-512 for the host loops whose cost is division and
-/// square root (Adam's update, Shampoo's grafting norm), and the few AVX-512 operations they use.
+/// \brief Private. Run-time choice of AVX-512 or AVX for the host loops whose cost is division
+/// and square root (Adam's update, Shampoo's grafting norm), and the few wide operations they use.
 ///
 /// Why: x86-64's baseline is SSE2, and lather cannot change its users' flags. On CPUs whose
 /// divider and square root are as wide as the vector (AMD Zen 4/5), a 16-lane AVX-512 loop does
 /// these operations about 4x faster than 4-lane SSE2 (measured: a Shampoo grafting norm over
-/// 65536 floats, 47.6 us SSE2, 24.4 us AVX, 12.3 us AVX-512 on the CI machine's EPYC). The
-/// functions carry `target("avx512f")` and run only where the CPU and the OS support AVX-512F.
+/// 65536 floats, 47.6 us SSE2, 24.4 us AVX, 12.3 us AVX-512 on a Zen 5 EPYC). CPUs with AVX but
+/// no AVX-512 (Zen 2/3, most Intel client parts) get an 8-lane AVX form where it paid off: the
+/// grafting norm, the one such loop a Shampoo step spends measurable time in on a Zen 3 (4% of a
+/// steady gpt2-block step at block size 256, perf). The functions carry `target("avx512f")` or
+/// `target("avx")` and run only where the CPU and the OS support that instruction set.
 ///
 /// Bits: IEEE division, square root, addition and multiplication are correctly rounded at every
 /// width, so the wide loops give the scalar kernels' bits as long as nothing is fused: with
 /// AVX-512F enabled GCC contracts `a + b * c` into an FMA under its default -ffp-contract=fast,
 /// so products and sums go through the explicit-rounding intrinsics, which it does not contract
-/// (clang contracts neither form at its default -ffp-contract=on). Tested bit for bit against
-/// the scalar kernels, with the wide path forced off and on.
+/// (clang contracts neither form at its default -ffp-contract=on). AVX alone has no FMA, so the
+/// AVX loops use the plain intrinsics. Tested bit for bit against the scalar kernels, with each
+/// wide path allowed and forced off.
 ///
 /// Each wide loop is its own function carrying the attribute, beside its SSE2 loop: one loop
 /// template for both widths cannot be written, because GCC and clang refuse to inline the AVX-512
@@ -24,6 +28,7 @@
 
 #include <Kokkos_Core.hpp>  // KOKKOS_ENABLE_* below
 
+#include <algorithm>
 #include <atomic>
 
 // Host-only builds on x86-64 with GCC or clang (GPU builds keep the portable kernels).
@@ -36,10 +41,13 @@
 
 namespace lather::impl::kernels::simd_detail {
 
-/// -1: use AVX-512 where the CPU has it (default); 0: never (tests compare both paths).
-inline std::atomic<int>& avx512_override() {
-  static std::atomic<int> mode{-1};
-  return mode;
+/// The widest instruction set the host loops may use: the CPU's own limit applies on top.
+enum class SimdLimit : int { baseline = 0, avx = 1, avx512 = 2 };
+
+/// The current limit (SimdLimit::avx512 unless a test lowered it).
+inline std::atomic<int>& simd_limit() {
+  static std::atomic<int> limit{static_cast<int>(SimdLimit::avx512)};
+  return limit;
 }
 
 /// Whether the host loops take their AVX-512 form now.
@@ -47,26 +55,46 @@ inline bool use_avx512() {
 #ifdef LATHER_HAS_AVX512_DISPATCH
   // Checks the CPU and the OS's saving of the AVX-512 registers (XCR0), once.
   static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported && avx512_override().load(std::memory_order_relaxed) != 0;
+  return supported && simd_limit().load(std::memory_order_relaxed) >= static_cast<int>(SimdLimit::avx512);
 #else
   return false;
 #endif
 }
 
-/// While alive, the host loops keep their baseline (SSE2 or scalar) form: for tests.
-class ScopedBaselineSimd {
+/// Whether the host loops that have an AVX form may take it now (they prefer AVX-512 where both apply).
+inline bool use_avx() {
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  // Checks the CPU and the OS's saving of the AVX registers (XCR0), once.
+  static const bool supported = __builtin_cpu_supports("avx");
+  return supported && simd_limit().load(std::memory_order_relaxed) >= static_cast<int>(SimdLimit::avx);
+#else
+  return false;
+#endif
+}
+
+/// While alive, the host loops use at most `limit` (never more than an enclosing limit): for tests.
+class ScopedSimdLimit {
  public:
-  ScopedBaselineSimd() : m_previous(avx512_override().exchange(0)) {}
-  ~ScopedBaselineSimd() { avx512_override().store(m_previous); }
-  ScopedBaselineSimd(const ScopedBaselineSimd&) = delete;
-  ScopedBaselineSimd& operator=(const ScopedBaselineSimd&) = delete;
+  explicit ScopedSimdLimit(SimdLimit limit) : m_previous(simd_limit().load()) {
+    simd_limit().store(std::min(m_previous, static_cast<int>(limit)));
+  }
+  ~ScopedSimdLimit() { simd_limit().store(m_previous); }
+  ScopedSimdLimit(const ScopedSimdLimit&) = delete;
+  ScopedSimdLimit& operator=(const ScopedSimdLimit&) = delete;
 
  private:
   int m_previous;
 };
 
+/// While alive, the host loops keep their baseline (SSE2 or scalar) form: for tests.
+class ScopedBaselineSimd : public ScopedSimdLimit {
+ public:
+  ScopedBaselineSimd() : ScopedSimdLimit(SimdLimit::baseline) {}
+};
+
 #ifdef LATHER_HAS_AVX512_DISPATCH
 #define LATHER_AVX512_FN __attribute__((target("avx512f"))) inline
+#define LATHER_AVX_FN __attribute__((target("avx"))) inline
 /// AVX-512 registers for float (16 lanes) and double (8 lanes). The arithmetic is the
 /// explicit-rounding forms (see the file comment: no FMA contraction), zero-masked with every lane
 /// set: the unmasked ones start from an undefined register, which GCC 12 reports as maybe

@@ -508,6 +508,39 @@ LATHER_AVX512_FN std::int64_t host_block_sq_norm_avx512(const T* x, const T* v, 
   D::store(s, acc);
   return q;
 }
+
+/// The same with AVX (CPUs without AVX-512): two 4-lane double accumulators, element q into
+/// s[q % 8] in order (a float vector of 8 is one step, a double one of 4 half a step).
+template <class T>
+LATHER_AVX_FN std::int64_t host_block_sq_norm_avx(const T* x, const T* v, std::int64_t n, const GraftScalars<T>& graft,
+                                                  bool has_state, double* s) {
+  __m256d lo_acc = _mm256_setzero_pd(), hi_acc = _mm256_setzero_pd();
+  std::int64_t q = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 bc = _mm256_set1_ps(graft.bias_correction), eps = _mm256_set1_ps(graft.epsilon);
+    for (; q + 8 <= n; q += 8) {
+      __m256 y = _mm256_loadu_ps(x + q);
+      if (has_state) y = _mm256_div_ps(y, _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(_mm256_loadu_ps(v + q), bc)), eps));
+      const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(y)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
+      lo_acc = _mm256_add_pd(lo_acc, _mm256_mul_pd(lo, lo));
+      hi_acc = _mm256_add_pd(hi_acc, _mm256_mul_pd(hi, hi));
+    }
+  } else {
+    const __m256d bc = _mm256_set1_pd(graft.bias_correction), eps = _mm256_set1_pd(graft.epsilon);
+    for (; q + 8 <= n; q += 8) {
+      __m256d lo = _mm256_loadu_pd(x + q), hi = _mm256_loadu_pd(x + q + 4);
+      if (has_state) {
+        lo = _mm256_div_pd(lo, _mm256_add_pd(_mm256_sqrt_pd(_mm256_div_pd(_mm256_loadu_pd(v + q), bc)), eps));
+        hi = _mm256_div_pd(hi, _mm256_add_pd(_mm256_sqrt_pd(_mm256_div_pd(_mm256_loadu_pd(v + q + 4), bc)), eps));
+      }
+      lo_acc = _mm256_add_pd(lo_acc, _mm256_mul_pd(lo, lo));
+      hi_acc = _mm256_add_pd(hi_acc, _mm256_mul_pd(hi, hi));
+    }
+  }
+  _mm256_storeu_pd(s, lo_acc);
+  _mm256_storeu_pd(s + 4, hi_acc);
+  return q;
+}
 #endif
 
 template <class T>
@@ -515,12 +548,14 @@ inline double host_block_sq_norm(const T* x, const T* v, std::int64_t n, const G
   double s[8] = {};
   std::int64_t q = 0;
 #ifdef LATHER_HAS_AVX512_DISPATCH
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (n >= 16 && simd_detail::use_avx512()) q = host_block_sq_norm_avx512(x, v, n, graft, has_state, s);
+    else if (n >= 8 && simd_detail::use_avx()) q = host_block_sq_norm_avx(x, v, n, graft, has_state, s);
+  }
 #endif
 #ifdef LATHER_HAS_HOST_NORM_SIMD
   if (q != 0) {
-    // the AVX-512 loop ran; the rest is scalar
+    // an AVX-512 or AVX loop ran; the rest is scalar
   } else if constexpr (std::is_same_v<T, float>) {
     __m128d a0 = _mm_setzero_pd(), a1 = _mm_setzero_pd(), a2 = _mm_setzero_pd(), a3 = _mm_setzero_pd();
     const __m128 bc = _mm_set1_ps(graft.bias_correction), eps = _mm_set1_ps(graft.epsilon);
