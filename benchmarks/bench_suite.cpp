@@ -125,6 +125,7 @@ struct Result {
   double ref_packed = 0;  // Shampoo: the reference's state bytes, packed factors
   double ref_full = 0;    // ... full factors
   double heap_allocations = 0, kokkos_allocations = 0;  // per step, after the first
+  double best_seconds = 0;  // Shampoo steady steps: the fastest timed step
 };
 std::map<std::string, Result>& results() {
   static std::map<std::string, Result> r;
@@ -176,9 +177,10 @@ AllocationCounts count_allocations(int steps, F&& step) {
 
 using Clock = std::chrono::steady_clock;
 
-// Times each iteration by hand (steps fence inside), reports manual time, keeps the mean.
+// Times each iteration by hand (steps fence inside), reports manual time, keeps the mean (and
+// the fastest iteration in `best` where asked).
 template <class F>
-double timed_loop(benchmark::State& state, F&& body) {
+double timed_loop(benchmark::State& state, F&& body, double* best = nullptr) {
   double total = 0;
   for (auto _ : state) {
     const auto t0 = Clock::now();
@@ -186,6 +188,7 @@ double timed_loop(benchmark::State& state, F&& body) {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     state.SetIterationTime(dt);
     total += dt;
+    if (best != nullptr) *best = *best == 0 ? dt : std::min(*best, dt);
   }
   return state.iterations() > 0 ? total / static_cast<double>(state.iterations()) : 0.0;
 }
@@ -392,10 +395,14 @@ void shampoo(benchmark::State& state, const std::string& set, const std::vector<
     set_step(opt, 99);
     opt.step(space, model.grads);  // step 100: roots computed, preconditioning from here on
   }
-  const double t = timed_loop(state, [&] {
-    opt.step(space, model.grads);
-    space.fence();
-  });
+  double best = 0;
+  const double t = timed_loop(
+      state,
+      [&] {
+        opt.step(space, model.grads);
+        space.fence();
+      },
+      &best);
   if (root_step != opt.last_step_info().amortized || opt.last_step_info().grafted)
     fail(state, "the timed steps were not the kind named (amortized / preconditioned)");
   // Two more steps of the same kind (the steady ones stay below step 200).
@@ -404,12 +411,15 @@ void shampoo(benchmark::State& state, const std::string& set, const std::vector<
   state.counters["kokkos_allocs/step"] = allocs.kokkos;
   const WorkAndMemory w = minimal_work(opt, model);
   const auto bytes = static_cast<double>(opt.state_bytes());
-  if (!root_step) state.counters["min_GFLOP/s"] = w.flops / t * 1e-9;
+  if (!root_step) {
+    state.counters["min_GFLOP/s"] = w.flops / t * 1e-9;
+    state.counters["min_GFLOP/s_best"] = w.flops / best * 1e-9;
+  }
   state.counters["state_MB"] = bytes * 1e-6;
   state.counters["ref_state_MB"] = w.reference_packed * 1e-6;
   const std::string key =
       "shampoo/" + set + "/" + std::to_string(max_dim) + (root_step ? "/root" : "/steady");
-  results()[key] = {t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos};
+  results()[key] = {t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos, best};
 }
 
 // kind "period": precondition_frequency 20; after step 20 (every block's first roots), each
@@ -648,10 +658,13 @@ void write_summary(const std::string& path, int threads) {
                     gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0);
       out << buf;
     }
-  out << "\n\n| set | max dim | steady step | min work | GFLOP/s | of SGEMM | root step | F=100 amortized | "
-         "state (lather) | state (reference, packed) | full factors (reference) | full factors (lather) | "
-         "allocations per steady / root step (heap, Kokkos) |\n";
-  out << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  // "of SGEMM": the mean steady step against SGEMM's best iteration (the conservative ratio);
+  // "best step": the fastest timed step against the same (like with like; this shared VM's
+  // neighbours move a mean by 10-30%).
+  out << "\n\n| set | max dim | steady step | min work | GFLOP/s | of SGEMM | best step | of SGEMM (best step) | "
+         "root step | F=100 amortized | state (lather) | state (reference, packed) | full factors (reference) | "
+         "full factors (lather) | allocations per steady / root step (heap, Kokkos) |\n";
+  out << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& s : sets())
     for (const std::int64_t dim : {256, 1024}) {
       const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
@@ -660,11 +673,13 @@ void write_summary(const std::string& path, int threads) {
       const double rate = st->flops / st->seconds;
       // F = 100: 99 steady steps and one root step.
       const double amortized = (99.0 * st->seconds + rt->seconds) / 100.0;
+      const double best_rate = st->best_seconds > 0 ? st->flops / st->best_seconds : 0.0;
       std::snprintf(buf, sizeof buf,
-                    "| %s | %lld | %.1f ms | %.2f GFLOP | %.1f | %.0f%% | %.0f ms | %.1f ms | %.1f MB | %.1f "
-                    "MB | %.1f MB | %.1f MB | %.0f, %.0f / %.0f, %.0f |\n",
+                    "| %s | %lld | %.1f ms | %.2f GFLOP | %.1f | %.0f%% | %.1f ms | %.0f%% | %.0f ms | %.1f ms | %.1f "
+                    "MB | %.1f MB | %.1f MB | %.1f MB | %.0f, %.0f / %.0f, %.0f |\n",
                     s.name.c_str(), static_cast<long long>(dim), st->seconds * 1e3, st->flops * 1e-9,
-                    rate * 1e-9, gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0, rt->seconds * 1e3,
+                    rate * 1e-9, gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0, st->best_seconds * 1e3,
+                    gemm_rate > 0 ? 100.0 * best_rate / gemm_rate : 0.0, rt->seconds * 1e3,
                     amortized * 1e3, st->bytes * 1e-6, st->ref_packed * 1e-6, st->ref_full * 1e-6,
                     fs ? fs->bytes * 1e-6 : 0.0, st->heap_allocations, st->kokkos_allocations,
                     rt->heap_allocations, rt->kokkos_allocations);

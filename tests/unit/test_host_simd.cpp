@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The host loops' run-time AVX-512 and AVX forms (impl/kernels/host_simd.hpp) against the scalar
 // kernels, bit for bit: Shampoo's grafting norm (host_block_sq_norm: 8 partial sums, element q
-// into partial q % 8; AVX-512, AVX and SSE2 forms), Adam's update (adam_range) and the Adagrad
-// and RMSprop chunk jobs, each with the wide path taken where the CPU has it, limited to AVX, and
-// forced off (the SSE2 / scalar form), at lengths around every vector and tail edge
-// and from unaligned starts; then whole Shampoo and AdamW trajectories on every execution space
-// with the wide path on and off. Exact equality is the claim: IEEE division, square root, sums
+// into partial q % 8), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each
+// with the wide path taken where the CPU has it, limited to AVX and forced off (the SSE2 / scalar
+// form), at lengths around every vector and tail edge and from unaligned starts; then whole
+// Shampoo and AdamW trajectories on every execution space with the wide path on and off. Exact equality is the claim: IEEE division, square root, sums
 // and products are correctly rounded at every width and nothing may be fused into an FMA.
 #include <lather/impl/kernels/adam_simd.hpp>
 #include <lather/impl/kernels/diagonal_host_jobs.hpp>
@@ -113,11 +112,15 @@ void check_adam_range() {
         const auto g = spread<T>(n, 30 + static_cast<std::uint64_t>(n), false);
         const auto m0 = spread<T>(n, 40 + static_cast<std::uint64_t>(n), false);
         const auto v0 = spread<T>(n, 50 + static_cast<std::uint64_t>(n), true);
-        auto run = [&](int mode) {  // 0: element by element, 1: adam_range, 2: adam_range without AVX-512
+        // 0: element by element, 1: adam_range, 2: adam_range without AVX-512 or AVX, 3: at most AVX
+        auto run = [&](int mode) {
           std::vector<T> p = p0, m = m0, v = v0;
           if (mode == 0) {
             for (std::int64_t i = begin; i < n; ++i) lather::impl::kernels::adam_element(&p[i], &g[i], &m[i], &v[i], forms[f]);
           } else if (mode == 1) {
+            lather::impl::kernels::adam_range(p.data(), g.data(), m.data(), v.data(), begin, n, forms[f]);
+          } else if (mode == 3) {
+            const ScopedSimdLimit at_most(SimdLimit::avx);
             lather::impl::kernels::adam_range(p.data(), g.data(), m.data(), v.data(), begin, n, forms[f]);
           } else {
             const ScopedBaselineSimd off;
@@ -130,13 +133,15 @@ void check_adam_range() {
         const auto expected = run(0);
         CHECK(run(1) == expected);
         CHECK(run(2) == expected);
+        CHECK(run(3) == expected);
       }
     }
   }
 }
 
-// A chunk job (Adagrad, RMSprop) over [begin, n): whole range, whole range without AVX-512, and
-// one element per call (only the scalar tail runs), on copies of the same arrays.
+// A chunk job (Adagrad, RMSprop) over [begin, n): whole range, whole range limited to AVX, whole
+// range without AVX-512 or AVX, and one element per call (only the scalar tail runs), on copies
+// of the same arrays.
 template <class T, class MakeJob>
 void check_job(const char* name, MakeJob make_job) {
   for (const std::int64_t n : lengths()) {
@@ -160,6 +165,9 @@ void check_job(const char* name, MakeJob make_job) {
           for (std::int64_t i = begin; i < n; ++i) job(i, i + 1);
         } else if (mode == 1) {
           job(begin, n);
+        } else if (mode == 3) {
+          const ScopedSimdLimit at_most(SimdLimit::avx);
+          job(begin, n);
         } else {
           const ScopedBaselineSimd off;
           job(begin, n);
@@ -168,16 +176,18 @@ void check_job(const char* name, MakeJob make_job) {
         return p;
       };
       const auto expected = run(0);
-      const auto wide = run(1), baseline = run(2);
+      const auto wide = run(1), baseline = run(2), avx = run(3);
       // Bits, not values: -0.0 == 0.0 would hide a sign difference.
       REQUIRE(wide.size() == expected.size());
-      bool same_wide = true, same_baseline = true;
+      bool same_wide = true, same_baseline = true, same_avx = true;
       for (std::size_t i = 0; i < expected.size(); ++i) {
         same_wide = same_wide && std::memcmp(&wide[i], &expected[i], sizeof(T)) == 0;
         same_baseline = same_baseline && std::memcmp(&baseline[i], &expected[i], sizeof(T)) == 0;
+        same_avx = same_avx && std::memcmp(&avx[i], &expected[i], sizeof(T)) == 0;
       }
       CHECK(same_wide);
       CHECK(same_baseline);
+      CHECK(same_avx);
     }
   }
 }
@@ -243,12 +253,12 @@ TEST_CASE("host SIMD: the grafting norm gives the plain sum's bits with AVX-512,
   check_sq_norm<double>();
 }
 
-TEST_CASE("host SIMD: Adam's host loop gives the scalar kernel's bits with and without AVX-512") {
+TEST_CASE("host SIMD: Adam's host loop gives the scalar kernel's bits with AVX-512, AVX and SSE2") {
   check_adam_range<float>();
   check_adam_range<double>();
 }
 
-TEST_CASE("host SIMD: the Adagrad and RMSprop chunk jobs give the scalar loop's bits with and without AVX-512") {
+TEST_CASE("host SIMD: the Adagrad and RMSprop chunk jobs give the scalar loop's bits with AVX-512, AVX and SSE2") {
   check_adagrad_rmsprop<float>();
   check_adagrad_rmsprop<double>();
 }

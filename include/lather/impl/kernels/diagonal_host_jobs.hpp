@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// \file
 /// \brief Private. SGD, Adagrad and RMSprop on contiguous host arrays with SSE2 vectors (and
-/// AVX-512 for Adagrad's and RMSprop's square roots and divisions where the CPU has it,
-/// kernels/host_simd.hpp): the jobs of the host chunk loop (impl/diagonal_optimizer.hpp,
+/// AVX-512, or AVX on CPUs without it, for Adagrad's and RMSprop's square roots and divisions
+/// where the CPU has them, kernels/host_simd.hpp): the jobs of the host chunk loop (impl/diagonal_optimizer.hpp,
 /// kernels/host_chunks.hpp).
 ///
 /// Why: as for Adam (kernels/adam_simd.hpp), GCC keeps errno semantics for `sqrt` unless
@@ -105,8 +105,10 @@ struct AdagradHostJob {
   void operator()(std::int64_t begin, std::int64_t end) const {
     std::int64_t i = begin;
 #ifdef LATHER_HAS_AVX512_DISPATCH
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       if (end - i >= simd_detail::Avx512<T>::lanes && simd_detail::use_avx512()) i = run_avx512(i, end);
+      else if (end - i >= simd_detail::Avx<T>::lanes && simd_detail::use_avx()) i = run_avx(i, end);
+    }
 #endif
 #ifdef LATHER_HAS_ADAM_SIMD
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -149,6 +151,22 @@ struct AdagradHostJob {
     }
     return i;
   }
+  // The same with AVX (CPUs without AVX-512).
+  LATHER_AVX_FN std::int64_t run_avx(std::int64_t i, std::int64_t end) const {
+    using S = simd_detail::Avx<T>;
+    const auto one = S::set1(T(1)), wd = S::set1(weight_decay), neg_clr = S::set1(-clr), e = S::set1(eps);
+    const bool wd_on = weight_decay != T(0);
+    for (; i + S::lanes <= end; i += S::lanes) {
+      const auto pi = S::load(p + i);
+      auto gi = S::load(g + i);
+      if (maximize) gi = S::neg(gi);
+      if (wd_on) gi = S::add(gi, S::mul(wd, pi));
+      const auto s = S::add(S::mul(S::load(sum + i), one), S::mul(S::mul(one, gi), gi));
+      S::store(sum + i, s);
+      S::store(p + i, S::add(pi, S::div(S::mul(neg_clr, gi), S::add(S::sqrt(s), e))));
+    }
+    return i;
+  }
 #endif
 };
 
@@ -167,8 +185,10 @@ struct RmspropHostJob {
   void operator()(std::int64_t begin, std::int64_t end) const {
     std::int64_t i = begin;
 #ifdef LATHER_HAS_AVX512_DISPATCH
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       if (end - i >= simd_detail::Avx512<T>::lanes && simd_detail::use_avx512()) i = run_avx512(i, end);
+      else if (end - i >= simd_detail::Avx<T>::lanes && simd_detail::use_avx()) i = run_avx(i, end);
+    }
 #endif
 #ifdef LATHER_HAS_ADAM_SIMD
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -227,6 +247,37 @@ struct RmspropHostJob {
   // The SSE2 loop's operations with AVX-512 (impl/kernels/host_simd.hpp); returns where it stopped.
   LATHER_AVX512_FN std::int64_t run_avx512(std::int64_t i, std::int64_t end) const {
     using S = simd_detail::Avx512<T>;
+    const auto a = S::set1(alpha), oma = S::set1(one_minus_alpha), e = S::set1(eps), wd = S::set1(weight_decay),
+               mu = S::set1(momentum), neg_lr = S::set1(-lr), minus_one = S::set1(T(-1));
+    const bool wd_on = weight_decay != T(0);
+    for (; i + S::lanes <= end; i += S::lanes) {
+      const auto pi = S::load(p + i);
+      auto gi = S::load(g + i);
+      if (maximize) gi = S::neg(gi);
+      if (wd_on) gi = S::add(gi, S::mul(wd, pi));
+      const auto sq = S::add(S::mul(S::load(square_avg + i), a), S::mul(S::mul(oma, gi), gi));
+      S::store(square_avg + i, sq);
+      typename S::reg avg;
+      if (centered) {
+        const auto ga = S::add(S::mul(S::load(grad_avg + i), a), S::mul(oma, gi));
+        S::store(grad_avg + i, ga);
+        avg = S::add(S::sqrt(S::add(sq, S::mul(S::mul(minus_one, ga), ga))), e);
+      } else {
+        avg = S::add(S::sqrt(sq), e);
+      }
+      if (use_momentum) {
+        const auto b = S::add(S::mul(S::load(momentum_buffer + i), mu), S::div(gi, avg));
+        S::store(momentum_buffer + i, b);
+        S::store(p + i, S::add(pi, S::mul(neg_lr, b)));
+      } else {
+        S::store(p + i, S::add(pi, S::div(S::mul(neg_lr, gi), avg)));
+      }
+    }
+    return i;
+  }
+  // The same with AVX (CPUs without AVX-512).
+  LATHER_AVX_FN std::int64_t run_avx(std::int64_t i, std::int64_t end) const {
+    using S = simd_detail::Avx<T>;
     const auto a = S::set1(alpha), oma = S::set1(one_minus_alpha), e = S::set1(eps), wd = S::set1(weight_decay),
                mu = S::set1(momentum), neg_lr = S::set1(-lr), minus_one = S::set1(T(-1));
     const bool wd_on = weight_decay != T(0);
