@@ -1763,8 +1763,11 @@ class Shampoo {
 
   // accumulate_factor for every factor of block b (its gradient at x), serially in the calling
   // thread.
+  // `row_stride`: for a two-dimensional block, the distance between its rows at x (the
+  // parameter's row length where x is the gradient itself; 0: contiguous).
   void block_factors(ParamState& p, std::size_t b, const value_type* x, bool amortize, double beta2, double weight,
-                     value_type* gram_data, value_type* unfolded, impl::blas::split::Crew* split = nullptr) {
+                     value_type* gram_data, value_type* unfolded, impl::blas::split::Crew* split = nullptr,
+                     std::int64_t row_stride = 0) {
     auto& blk = p.blocks[b];
     for (std::size_t k = 0; k < blk.factors.size(); ++k) {
       auto& f = blk.factors[k];
@@ -1775,12 +1778,18 @@ class Shampoo {
         for (std::int64_t e = 0; e < stored; ++e) copy(e);
       }
       const auto [outer, d, inner] = unfold(blk.extent, k);
+      // A two-dimensional block's rows are row_stride apart: the leading dimension of both
+      // products (the second's taking the first branch only for a single row, contiguous).
+      const bool strided = blk.extent.size() == 2 && row_stride > 0;
       if (outer == 1) {
-        impl::blas::split::syrk_lower<value_type>(split, 'T', d, inner, value_type(1), x, std::max<std::int64_t>(1, inner),
-                                                  value_type(0), gram_data, std::max<std::int64_t>(1, d));
+        impl::blas::split::syrk_lower<value_type>(split, 'T', d, inner, value_type(1), x,
+                                                  strided && k == 0 ? row_stride : std::max<std::int64_t>(1, inner),
+                                                  value_type(0),
+                                                  gram_data, std::max<std::int64_t>(1, d));
       } else if (inner == 1) {
-        impl::blas::split::syrk_lower<value_type>(split, 'N', d, outer, value_type(1), x, std::max<std::int64_t>(1, d),
-                                                  value_type(0), gram_data, std::max<std::int64_t>(1, d));
+        impl::blas::split::syrk_lower<value_type>(split, 'N', d, outer, value_type(1), x,
+                                                  strided ? row_stride : std::max<std::int64_t>(1, d), value_type(0),
+                                                  gram_data, std::max<std::int64_t>(1, d));
       } else {
         const std::int64_t m = outer * inner;
         const impl::kernels::UnfoldMode<value_type> to_front{x, unfolded, outer, d, inner, false};
@@ -1819,23 +1828,23 @@ class Shampoo {
         }
         continue;
       }
-      const impl::kernels::Unpack<inverse_factor_type, blas_matrix_type> unpack{{f.inverse_factor.data(), f.dim, f.packed},
-                                                                                blas_matrix(pm, d, d)};
-      for (std::int64_t i = 0; i < d; ++i)
-        for (std::int64_t j = 0; j < d; ++j) unpack(i, j);
+      // Full storage is read where it is (apply_inverse_factors: the stored row-major P is P^T
+      // column-major, hence the flipped transposes); packed storage is unpacked first.
+      const InverseOperand pf = inverse_operand(f, pm, d);
+      const char keep = pf.transposed ? 'T' : 'N', flip = pf.transposed ? 'N' : 'T';
       if (outer == 1) {
-        impl::blas::split::gemm<value_type>(split, 'N', 'N', inner, d, d, value_type(1), from, std::max<std::int64_t>(1, inner),
-                                            pm, std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, inner));
+        impl::blas::split::gemm<value_type>(split, 'N', keep, inner, d, d, value_type(1), from, std::max<std::int64_t>(1, inner),
+                                            pf.data, std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, inner));
         from = to;
       } else if (inner == 1) {
-        impl::blas::split::gemm<value_type>(split, 'T', 'N', d, outer, d, value_type(1), pm, std::max<std::int64_t>(1, d),
+        impl::blas::split::gemm<value_type>(split, flip, 'N', d, outer, d, value_type(1), pf.data, std::max<std::int64_t>(1, d),
                                             from, std::max<std::int64_t>(1, d), value_type(0), to, std::max<std::int64_t>(1, d));
         from = to;
       } else {
         const std::int64_t m = outer * inner;
         const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
         for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
-        impl::blas::split::gemm<value_type>(split, 'N', 'N', m, d, d, value_type(1), unfolded, m, pm, d, value_type(0), to, m);
+        impl::blas::split::gemm<value_type>(split, 'N', keep, m, d, d, value_type(1), unfolded, m, pf.data, d, value_type(0), to, m);
         const impl::kernels::UnfoldMode<value_type> back{to, from, outer, d, inner, true};
         for (std::int64_t r = 0; r < outer * d; ++r) back(r);
       }
@@ -2061,6 +2070,14 @@ class Shampoo {
       }
     }
   }
+  // The parameter's row-major index of the block's first element.
+  static std::int64_t first_flat(const ParamState& p, const block_state_type& blk) {
+    const auto& offset = p.layout.blocks[blk.id].offset;
+    const auto& dims = p.layout.merged_shape;
+    std::int64_t flat = 0;
+    for (std::size_t j = 0; j < blk.extent.size(); ++j) flat = flat * dims[j] + offset[j];
+    return flat;
+  }
   // op.apply(flat, local) for every element of the block.
   template <class Op>
   static void for_block_elements(const ParamState& p, const block_state_type& blk, const Op& op) {
@@ -2092,21 +2109,28 @@ class Shampoo {
       out[q] = gbar;
     }
   }
-  static void run_filter(const impl::kernels::FilterAndGraft<value_type, memory_space>& k, std::int64_t n) {
-    const value_type* g = k.grad.data();
-    value_type *f = k.filtered.data(), *v = k.graft_state.data(), *out = k.out.data();
+  // The vectorized filter loop over rows(fn), which calls fn(g, offset, length) for each run of
+  // `length` gradient values at g whose filtered, state and output entries start at `offset`;
+  // false (nothing done) where the functor form must run (graft-only steps).
+  template <class Rows>
+  static bool run_filter_rows(const impl::kernels::FilterAndGraft<value_type, memory_space>& k, const Rows& rows) {
     constexpr bool state = Grafting::has_state;
-    if (k.apply_graft || state != k.graft_has_state) {
-      for (std::int64_t q = 0; q < n; ++q) k(q);
-    } else if (!k.use_beta1) {
-      filter_loop<state, false, false, false>(g, f, v, out, n, k);
-    } else if (k.separate_beta3) {
-      if (k.use_bias_correction) filter_loop<state, true, true, true>(g, f, v, out, n, k);
-      else filter_loop<state, true, true, false>(g, f, v, out, n, k);
-    } else {
-      if (k.use_bias_correction) filter_loop<state, true, false, true>(g, f, v, out, n, k);
-      else filter_loop<state, true, false, false>(g, f, v, out, n, k);
-    }
+    if (k.apply_graft || state != k.graft_has_state) return false;
+    value_type *const f = k.filtered.data(), *const v = k.graft_state.data(), *const out = k.out.data();
+    auto go = [&]<bool Beta1, bool Beta3, bool Bias>() {
+      rows([&](const value_type* g, std::int64_t off, std::int64_t len) {
+        filter_loop<state, Beta1, Beta3, Bias>(g, Beta1 ? f + off : nullptr, state ? v + off : nullptr, out + off, len, k);
+      });
+    };
+    if (!k.use_beta1) go.template operator()<false, false, false>();
+    else if (k.separate_beta3) k.use_bias_correction ? go.template operator()<true, true, true>()
+                                                     : go.template operator()<true, true, false>();
+    else k.use_bias_correction ? go.template operator()<true, false, true>() : go.template operator()<true, false, false>();
+    return true;
+  }
+  static void run_filter(const impl::kernels::FilterAndGraft<value_type, memory_space>& k, std::int64_t n) {
+    if (run_filter_rows(k, [&](const auto& fn) { fn(k.grad.data(), std::int64_t(0), n); })) return;
+    for (std::int64_t q = 0; q < n; ++q) k(q);
   }
   // `scale`: the grafting ratio, applied here instead of in a pass of its own (dir[c] * scale is
   // the multiplication that pass did; 1 multiplies exactly).
@@ -2147,23 +2171,43 @@ class Shampoo {
     auto part = [&](const vector_type& v) { return v.data() == nullptr ? vector_type() : vector_type(v.data() + blk.begin, n); };
     const vector_type gv(buf.grad, n), xv(buf.x, n);
     const bool l2 = o.weight_decay_type == WeightDecayType::l2 && o.weight_decay != 0.0;
-    const impl::kernels::GatherGradient<value_type, memory_space> gather{grad, p.param, gv,
-                                                                        value_type(l2 ? o.weight_decay : 0.0)};
-    if (grad.is_row_major_contiguous() && gather.l2_weight_decay == value_type(0)) {
-      for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
-        std::copy_n(grad.data() + flat, len, buf.grad + local);
-      });
-    } else {
-      for_block_elements(p, blk, gather);
+    const StepScalars sc = step_scalars(p);
+    // A block of at most two dimensions of a row-major gradient without L2 decay is read where it
+    // is (BLAS with the parameter's row stride, the filter loop row by row): no copy into the
+    // block buffer (a pass over the gradient: 2.5% of a steady gpt2-block step at block size 256).
+    const int rank = static_cast<int>(blk.extent.size());
+    const bool in_place = grad.is_row_major_contiguous() && !l2 && rank >= 1 && rank <= 2 && (!direction || !sc.graft_now);
+    const value_type* const block_grad = in_place ? grad.data() + first_flat(p, blk) : buf.grad;
+    const std::int64_t row_stride = rank == 2 && in_place ? p.layout.merged_shape[1] : 0;
+    if (!in_place) {
+      const impl::kernels::GatherGradient<value_type, memory_space> gather{grad, p.param, gv,
+                                                                          value_type(l2 ? o.weight_decay : 0.0)};
+      if (grad.is_row_major_contiguous() && gather.l2_weight_decay == value_type(0)) {
+        for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
+          std::copy_n(grad.data() + flat, len, buf.grad + local);
+        });
+      } else {
+        for_block_elements(p, blk, gather);
+      }
     }
     if (factors) {
       const double beta2 = o.betas[1];
-      block_factors(p, b, buf.grad, amortize, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, buf.gram, buf.unfolded, split);
+      block_factors(p, b, block_grad, amortize, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, buf.gram, buf.unfolded, split,
+                    row_stride);
     }
     if (!direction) return;
-    const StepScalars sc = step_scalars(p);
     const auto graft_state = part(p.graft_state);
-    run_filter(filter_kernel(p, sc, gv, part(p.filtered), graft_state, xv), n);
+    const auto filter = filter_kernel(p, sc, gv, part(p.filtered), graft_state, xv);
+    if (!in_place) {
+      run_filter(filter, n);
+    } else {
+      // Always the vectorized loop here: in_place excludes graft-only steps.
+      run_filter_rows(filter, [&](const auto& fn) {
+        for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
+          fn(grad.data() + flat, local, len);
+        });
+      });
+    }
     value_type ratio = value_type(1);  // the grafting scale of the direction x
     if (!sc.graft_now) {
       double graft_sq = 0, direction_sq = 0;
@@ -2725,6 +2769,22 @@ class Shampoo {
 
   // The inverse factor of f as a full d x d column-major matrix in the Gram scratch (symmetric,
   // so the layout does not matter), queued on `space`.
+  // The inverse factor P as a GEMM operand: full storage in place (row-major P read column-major
+  // is P^T: `transposed`), so no copy of d x d elements before each product (2% of a steady
+  // gpt2-block step at block size 256); packed storage unpacked into `pm` (column-major P).
+  // Both give the same bits: the BLAS packs either into the same panels.
+  struct InverseOperand {
+    const value_type* data;
+    bool transposed;
+  };
+  static InverseOperand inverse_operand(const factor_state_type& f, value_type* pm, std::int64_t d) {
+    if (!f.packed) return {f.inverse_factor.data(), true};
+    const impl::kernels::Unpack<inverse_factor_type, blas_matrix_type> unpack{{f.inverse_factor.data(), f.dim, true},
+                                                                              blas_matrix(pm, d, d)};
+    for (std::int64_t i = 0; i < d; ++i)
+      for (std::int64_t j = 0; j < d; ++j) unpack(i, j);
+    return {pm, false};
+  }
   blas_matrix_type unpacked_inverse(const ExecSpace& space, const factor_state_type& f, std::int64_t d) const {
     auto pm = gram_scratch(d);
     Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unpack_inverse"),
@@ -2785,13 +2845,17 @@ class Shampoo {
             continue;
           }
         }
+        // The inverse factor P in place where stored in full (the row-major P read column-major is
+        // P^T, hence the flipped transposes; see inverse_operand), else unpacked.
+        const bool in_place = !f.packed;
+        const auto pm = in_place ? blas_matrix(f.inverse_factor.data(), d, d) : unpacked_inverse(space, f, d);
+        const char* const keep = in_place ? "T" : "N";
         if (outer == 1 || inner == 1) {
-          // One GEMM with the (unpacked) inverse factor P: Y = P^T X (first dimension) or
-          // X P (last), in column-major terms on the row-major block.
-          const auto pm = unpacked_inverse(space, f, d);
-          if (outer == 1) gemm(space, "N", "N", value_type(1), blas_matrix(from, inner, d), pm, value_type(0),
+          // One GEMM with the inverse factor P: Y = P^T X (first dimension) or X P (last), in
+          // column-major terms on the row-major block.
+          if (outer == 1) gemm(space, "N", keep, value_type(1), blas_matrix(from, inner, d), pm, value_type(0),
                                blas_matrix(to, inner, d));
-          else gemm(space, "T", "N", value_type(1), pm, blas_matrix(from, d, outer), value_type(0),
+          else gemm(space, in_place ? "N" : "T", "N", value_type(1), pm, blas_matrix(from, d, outer), value_type(0),
                     blas_matrix(to, d, outer));
           from = to;
           continue;
@@ -2799,10 +2863,9 @@ class Shampoo {
         // A middle dimension: unfolded to the front as T (d rows of outer * inner), one GEMM
         // P^T T (column-major: T^T P) into `to`, folded back into `from`.
         const std::int64_t m = outer * inner;
-        const auto pm = unpacked_inverse(space, f, d);
         Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unfold"), Range(space, 0, outer * d),
                              impl::kernels::UnfoldMode<value_type>{from, m_unfold.data(), outer, d, inner, false});
-        gemm(space, "N", "N", value_type(1), blas_matrix(m_unfold.data(), m, d), pm, value_type(0), blas_matrix(to, m, d));
+        gemm(space, "N", keep, value_type(1), blas_matrix(m_unfold.data(), m, d), pm, value_type(0), blas_matrix(to, m, d));
         Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::fold"), Range(space, 0, outer * d),
                              impl::kernels::UnfoldMode<value_type>{to, from, outer, d, inner, true});
         continue;
