@@ -1798,7 +1798,9 @@ class Shampoo {
       }
       const impl::kernels::FactorCombineRows<value_type, factor_type> combine{
           gram_data, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0};
-      for (std::int64_t r = 0; r < combine.iterations(d); ++r) combine(r);
+      rows_in_parts(split, combine.iterations(d), d, [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) combine(r);
+      });
     }
   }
 
@@ -1815,7 +1817,9 @@ class Shampoo {
       if (f.packed && impl::blas::fits_int(outer * inner)) {
         // Packed: one triangle unpacked, then SYMM (as apply_inverse_factors).
         const impl::kernels::UnpackLower<inverse_factor_type, value_type> lower{{f.inverse_factor.data(), f.dim, true}, pm};
-        for (std::int64_t r = 0; r < lower.iterations(d); ++r) lower(r);
+        rows_in_parts(split, lower.iterations(d), d, [&](std::int64_t r0, std::int64_t r1) {
+          for (std::int64_t r = r0; r < r1; ++r) lower(r);
+        });
         if (outer != 1 && inner != 1) {
           const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
           for (std::int64_t r = 0; r < outer * d; ++r) to_front(r);
@@ -2078,6 +2082,20 @@ class Shampoo {
     for (std::size_t j = 0; j < blk.extent.size(); ++j) flat = flat * dims[j] + offset[j];
     return flat;
   }
+  // f(r0, r1) for row ranges covering [0, rows): on the wide path (a crew), one range per crew
+  // member, side by side, for passes over at least 32768 elements (rows x row_len) whose
+  // elements are independent (the same bits however split); else all rows in the calling thread.
+  template <class F>
+  static void rows_in_parts(impl::blas::split::Crew* crew, std::int64_t rows, std::int64_t row_len, const F& f) {
+    const int parts = crew == nullptr || rows * row_len < 32768
+                          ? 1
+                          : static_cast<int>(std::min<std::int64_t>(crew->size(), rows));
+    if (parts <= 1) {
+      f(std::int64_t(0), rows);
+      return;
+    }
+    crew->run(parts, [&](int t) { f(rows * t / parts, rows * (t + 1) / parts); });
+  }
   // op.apply(flat, local) for every element of the block.
   template <class Op>
   static void for_block_elements(const ParamState& p, const block_state_type& blk, const Op& op) {
@@ -2149,12 +2167,24 @@ class Shampoo {
       w[c] = w[c] + delta;
     }
   }
+  // `split`: the wide path's crew, which takes a share of a two-dimensional block's rows.
   template <bool Decay, bool Momentum, bool Nesterov>
   static void run_update(const ParamState& p, const block_state_type& blk,
-                         const impl::kernels::ApplyUpdate<value_type, memory_space>& k, value_type scale) {
+                         const impl::kernels::ApplyUpdate<value_type, memory_space>& k, value_type scale,
+                         impl::blas::split::Crew* split) {
     value_type* const w = k.param.data();
     const value_type* const dir = k.direction.data();
     value_type* const mom = k.momentum_buffer.data();
+    if (blk.extent.size() == 2) {
+      const std::int64_t rows = blk.extent[0], len = blk.extent[1], stride = p.layout.merged_shape[1];
+      value_type* const w0 = w + first_flat(p, blk);
+      rows_in_parts(split, rows, len, [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r)
+          update_row<Decay, Momentum, Nesterov>(w0 + r * stride, dir + r * len, Momentum ? mom + r * len : nullptr, len,
+                                                k, scale);
+      });
+      return;
+    }
     for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
       update_row<Decay, Momentum, Nesterov>(w + flat, dir + local, Momentum ? mom + local : nullptr, len, k, scale);
     });
@@ -2198,16 +2228,17 @@ class Shampoo {
     if (!direction) return;
     const auto graft_state = part(p.graft_state);
     const auto filter = filter_kernel(p, sc, gv, part(p.filtered), graft_state, xv);
-    if (!in_place) {
-      run_filter(filter, n);
-    } else {
-      // Always the vectorized loop here: in_place excludes graft-only steps.
-      run_filter_rows(filter, [&](const auto& fn) {
-        for_block_rows(p, blk, [&](std::int64_t flat, std::int64_t local, std::int64_t len) {
-          fn(grad.data() + flat, local, len);
-        });
+    // The block's gradient as `rows` rows of `row_len`, `grad_stride` apart from block_grad (a
+    // gathered block is contiguous; one read in place has at most two dimensions). The
+    // vectorized loop always runs in place (in_place excludes graft-only steps).
+    const std::int64_t rows = rank >= 2 && blk.extent[0] > 0 ? blk.extent[0] : 1, row_len = n / rows;
+    const std::int64_t grad_stride = row_stride > 0 ? row_stride : row_len;
+    const bool by_rows = run_filter_rows(filter, [&](const auto& fn) {
+      rows_in_parts(split, rows, row_len, [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) fn(block_grad + r * grad_stride, r * row_len, row_len);
       });
-    }
+    });
+    if (!by_rows) run_filter(filter, n);
     value_type ratio = value_type(1);  // the grafting scale of the direction x
     if (!sc.graft_now) {
       double graft_sq = 0, direction_sq = 0;
@@ -2239,12 +2270,14 @@ class Shampoo {
     } else if (update.use_momentum) {
       const bool decay = update.decay != value_type(0);
       if (update.nesterov)
-        decay ? run_update<true, true, true>(p, blk, update, ratio) : run_update<false, true, true>(p, blk, update, ratio);
+        decay ? run_update<true, true, true>(p, blk, update, ratio, split)
+              : run_update<false, true, true>(p, blk, update, ratio, split);
       else
-        decay ? run_update<true, true, false>(p, blk, update, ratio) : run_update<false, true, false>(p, blk, update, ratio);
+        decay ? run_update<true, true, false>(p, blk, update, ratio, split)
+              : run_update<false, true, false>(p, blk, update, ratio, split);
     } else {
-      update.decay != value_type(0) ? run_update<true, false, false>(p, blk, update, ratio)
-                                    : run_update<false, false, false>(p, blk, update, ratio);
+      update.decay != value_type(0) ? run_update<true, false, false>(p, blk, update, ratio, split)
+                                    : run_update<false, false, false>(p, blk, update, ratio, split);
     }
   }
 
