@@ -314,6 +314,94 @@ void block_products(benchmark::State& state, std::int64_t d) {
   results()["block_products/" + std::to_string(d)] = {slowest, flops, 0, 0, 0, 0, 0};
 }
 
+// The ceiling of a whole set's steady step with this BLAS: every block's calls as the step makes
+// them (per dimension: the factor's SYRK, then the preconditioning SYMM with the unpacked inverse
+// root; a middle dimension of a block of three or more on an unfolded copy, the copy not timed),
+// nothing else, on data that stay in cache as far as they fit. Each distinct block shape runs on
+// every thread at once, one block per thread as the step runs them, single-threaded BLAS; its
+// time is the slowest thread's best repetition. The set's time is the sum over its blocks divided
+// by the threads (perfect balance): a bound the step cannot beat, not a schedule it could follow.
+// The rate is the minimal work (minimal_work's count) over that time.
+struct ShapeProducts {
+  std::vector<std::int64_t> extent;
+  int repetitions = 0;
+  std::vector<std::vector<float>>* buffers = nullptr;  // per thread: x, u, y, then pm and gram (d x d)
+  std::vector<double>* best = nullptr;
+  void operator()(int t) const {
+    namespace blas = lather::impl::blas;
+    auto& b = (*buffers)[static_cast<std::size_t>(t)];
+    std::int64_t n = 1, dmax = 0;
+    for (const auto e : extent) n *= e, dmax = std::max(dmax, e);
+    float *x = b.data(), *u = x + n, *y = u + n, *pm = y + n, *gram = pm + dmax * dmax;
+    double fastest = 0;
+    for (int r = 0; r < repetitions; ++r) {
+      const auto t0 = Clock::now();
+      std::int64_t outer = 1, inner = n;
+      for (const std::int64_t d : extent) {
+        inner /= d;
+        const std::int64_t ld = std::max<std::int64_t>(1, d);
+        if (outer == 1) {  // block_factors' and mode_product_symm's forms (optimizers/shampoo.hpp)
+          blas::syrk<float>('L', 'T', d, inner, 1.0f, x, std::max<std::int64_t>(1, inner), 0.0f, gram, ld);
+          blas::symm<float>('R', 'L', inner, d, 1.0f, pm, ld, x, std::max<std::int64_t>(1, inner), 0.0f, y,
+                            std::max<std::int64_t>(1, inner));
+        } else if (inner == 1) {
+          blas::syrk<float>('L', 'N', d, outer, 1.0f, x, ld, 0.0f, gram, ld);
+          blas::symm<float>('L', 'L', d, outer, 1.0f, pm, ld, x, ld, 0.0f, y, ld);
+        } else {
+          const std::int64_t m = outer * inner;
+          blas::syrk<float>('L', 'T', d, m, 1.0f, u, m, 0.0f, gram, ld);
+          blas::symm<float>('R', 'L', m, d, 1.0f, pm, ld, u, m, 0.0f, y, m);
+        }
+        outer *= d;
+      }
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      fastest = r == 0 ? dt : std::min(fastest, dt);
+    }
+    (*best)[static_cast<std::size_t>(t)] = fastest;
+  }
+};
+
+void set_products(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
+                  std::int64_t max_dim) {
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  const int threads = Host().concurrency();
+  // The blocks as the optimizer makes them (its defaults: merge_small_dims with target 1).
+  std::map<std::vector<std::int64_t>, std::int64_t> count;
+  for (const auto& s : shapes)
+    for (const auto& blk : lather::BlockLayout(s, max_dim, lather::ShampooOptions{}.target_parameter_dimensionality).blocks)
+      ++count[blk.extent];
+  std::vector<std::vector<float>> buffers(static_cast<std::size_t>(threads));
+  std::vector<double> best(static_cast<std::size_t>(threads), 0.0);
+  const lather::impl::blas::SingleThreaded single;
+  double seconds = 0, flops = 0;
+  timed_loop(state, [&] {
+    seconds = flops = 0;
+    for (const auto& [extent, blocks] : count) {
+      std::int64_t n = 1, dmax = 0;
+      double work = 0;
+      for (const auto e : extent) n *= e, dmax = std::max(dmax, e);
+      for (const auto e : extent) work += 3.0 * static_cast<double>(e) * static_cast<double>(n);
+      for (auto& b : buffers) {
+        // Values do not change the time of these products; pm symmetric as the step unpacks it.
+        b.assign(static_cast<std::size_t>(3 * n + 2 * dmax * dmax), 0.0f);
+        for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>((i * 2654435761u) % 1000u) * 1e-3f - 0.5f;
+      }
+      // About half a second of products per shape and at least 5 repetitions (the first warms the
+      // caches): the best of 3 was still a noisy moment's time on this shared VM.
+      const int reps = static_cast<int>(std::clamp(0.5 / (work / 80e9), 5.0, 400.0));
+      const ShapeProducts run{extent, reps, &buffers, &best};
+      Kokkos::parallel_for("set_products", Kokkos::RangePolicy<Host, Kokkos::Schedule<Kokkos::Static>>(0, threads),
+                           [&](int t) { run(t); });
+      Kokkos::fence();
+      seconds += static_cast<double>(blocks) * *std::max_element(best.begin(), best.end()) / threads;
+      flops += static_cast<double>(blocks) * work;
+    }
+  });
+  state.counters["GFLOP/s"] = flops / seconds * 1e-9;
+  state.counters["threads"] = threads;
+  results()["set_products/" + set + "/" + std::to_string(max_dim)] = {seconds, flops, 0, 0, 0, 0, 0};
+}
+
 // ---- AdamW -------------------------------------------------------------------------------------
 
 void adamw(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes) {
@@ -556,6 +644,13 @@ void register_all(bool smoke) {
     auto* b = benchmark::RegisterBenchmark(("block_products/" + std::to_string(d)).c_str(), block_products, d);
     b->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
   }
+  for (const auto& s : sets())
+    for (const std::int64_t dim : {256, 1024})
+      benchmark::RegisterBenchmark(("set_products/" + s.name + "/" + std::to_string(dim)).c_str(), set_products,
+                                   s.name, s.shapes, dim)
+          ->UseManualTime()
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("stream_triad", triad)
       ->UseManualTime()
       ->Iterations(std::min(20, g_iterations_cap))
@@ -683,6 +778,21 @@ void write_summary(const std::string& path, int threads) {
                     amortized * 1e3, st->bytes * 1e-6, st->ref_packed * 1e-6, st->ref_full * 1e-6,
                     fs ? fs->bytes * 1e-6 : 0.0, st->heap_allocations, st->kokkos_allocations,
                     rt->heap_allocations, rt->kokkos_allocations);
+      out << buf;
+    }
+  // The steady step against the ceiling of its own products (set_products above).
+  out << "\n| set | max dim | products alone (ceiling) | GFLOP/s | of SGEMM | steady step of the ceiling (mean) | "
+         "(best step) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const auto& s : sets())
+    for (const std::int64_t dim : {256, 1024}) {
+      const std::string d = std::to_string(dim);
+      const Result *c = find("set_products/" + s.name + "/" + d), *st = find("shampoo/" + s.name + "/" + d + "/steady");
+      if (!c || !st) continue;
+      const double rate = c->flops / c->seconds;
+      std::snprintf(buf, sizeof buf, "| %s | %lld | %.1f ms | %.1f | %.0f%% | %.0f%% | %.0f%% |\n", s.name.c_str(),
+                    static_cast<long long>(dim), c->seconds * 1e3, rate * 1e-9,
+                    gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0, 100.0 * c->seconds / st->seconds,
+                    st->best_seconds > 0 ? 100.0 * c->seconds / st->best_seconds : 0.0);
       out << buf;
     }
   out << "\n| set | AdamW step | GB/s | of bandwidth | allocations per step (heap, Kokkos) |\n";

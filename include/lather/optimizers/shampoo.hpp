@@ -2205,8 +2205,14 @@ class Shampoo {
     // A block of at most two dimensions of a row-major gradient without L2 decay is read where it
     // is (BLAS with the parameter's row stride, the filter loop row by row): no copy into the
     // block buffer (a pass over the gradient: 2.5% of a steady gpt2-block step at block size 256).
+    // So is a block of more dimensions that is contiguous in the parameter (all but its first
+    // extent the parameter's: resnet50's 3x3 convolutions up to 256 channels), read as one run.
     const int rank = static_cast<int>(blk.extent.size());
-    const bool in_place = grad.is_row_major_contiguous() && !l2 && rank >= 1 && rank <= 2 && (!direction || !sc.graft_now);
+    bool contiguous = rank >= 3;
+    for (int j = 1; contiguous && j < rank; ++j)
+      contiguous = blk.extent[static_cast<std::size_t>(j)] == p.layout.merged_shape[static_cast<std::size_t>(j)];
+    const bool in_place = grad.is_row_major_contiguous() && !l2 && rank >= 1 && (rank <= 2 || contiguous) &&
+                          (!direction || !sc.graft_now);
     const value_type* const block_grad = in_place ? grad.data() + first_flat(p, blk) : buf.grad;
     const std::int64_t row_stride = rank == 2 && in_place ? p.layout.merged_shape[1] : 0;
     if (!in_place) {
@@ -2229,7 +2235,7 @@ class Shampoo {
     const auto graft_state = part(p.graft_state);
     const auto filter = filter_kernel(p, sc, gv, part(p.filtered), graft_state, xv);
     // The block's gradient as `rows` rows of `row_len`, `grad_stride` apart from block_grad (a
-    // gathered block is contiguous; one read in place has at most two dimensions). The
+    // gathered block is contiguous; one read in place is contiguous or has two dimensions). The
     // vectorized loop always runs in place (in_place excludes graft-only steps).
     const std::int64_t rows = rank >= 2 && blk.extent[0] > 0 ? blk.extent[0] : 1, row_len = n / rows;
     const std::int64_t grad_stride = row_stride > 0 ? row_stride : row_len;
