@@ -337,22 +337,32 @@ struct ShapeProducts {
     for (int r = 0; r < repetitions; ++r) {
       const auto t0 = Clock::now();
       std::int64_t outer = 1, inner = n;
-      for (const std::int64_t d : extent) {
-        inner /= d;
-        const std::int64_t ld = std::max<std::int64_t>(1, d);
-        if (outer == 1) {  // block_factors' and mode_product_symm's forms (optimizers/shampoo.hpp)
-          blas::syrk<float>('L', 'T', d, inner, 1.0f, x, std::max<std::int64_t>(1, inner), 0.0f, gram, ld);
-          blas::symm<float>('R', 'L', inner, d, 1.0f, pm, ld, x, std::max<std::int64_t>(1, inner), 0.0f, y,
-                            std::max<std::int64_t>(1, inner));
-        } else if (inner == 1) {
-          blas::syrk<float>('L', 'N', d, outer, 1.0f, x, ld, 0.0f, gram, ld);
-          blas::symm<float>('L', 'L', d, outer, 1.0f, pm, ld, x, ld, 0.0f, y, ld);
-        } else {
-          const std::int64_t m = outer * inner;
-          blas::syrk<float>('L', 'T', d, m, 1.0f, u, m, 0.0f, gram, ld);
-          blas::symm<float>('R', 'L', m, d, 1.0f, pm, ld, u, m, 0.0f, y, m);
+      if (extent.size() == 1) {
+        // A one-dimensional block as the step makes it (block_factors, block_direction): the
+        // rank-one update folded into the factor's combination, and SPMV on the packed inverse
+        // factor; no Gram matrix, no unpacking.
+        const std::int64_t d = extent[0];
+        const lather::impl::kernels::RankOneCombineRows<float, float> rank_one{x, {gram, d, true}, 0.999f, 0.001f, true};
+        for (std::int64_t i = 0; i < rank_one.iterations(d); ++i) rank_one(i);
+        blas::spmv<float>('L', d, 1.0f, pm, x, 0.0f, y);
+      } else {
+        for (const std::int64_t d : extent) {
+          inner /= d;
+          const std::int64_t ld = std::max<std::int64_t>(1, d);
+          if (outer == 1) {  // block_factors' and mode_product_symm's forms (optimizers/shampoo.hpp)
+            blas::syrk<float>('L', 'T', d, inner, 1.0f, x, std::max<std::int64_t>(1, inner), 0.0f, gram, ld);
+            blas::symm<float>('R', 'L', inner, d, 1.0f, pm, ld, x, std::max<std::int64_t>(1, inner), 0.0f, y,
+                              std::max<std::int64_t>(1, inner));
+          } else if (inner == 1) {
+            blas::syrk<float>('L', 'N', d, outer, 1.0f, x, ld, 0.0f, gram, ld);
+            blas::symm<float>('L', 'L', d, outer, 1.0f, pm, ld, x, ld, 0.0f, y, ld);
+          } else {
+            const std::int64_t m = outer * inner;
+            blas::syrk<float>('L', 'T', d, m, 1.0f, u, m, 0.0f, gram, ld);
+            blas::symm<float>('R', 'L', m, d, 1.0f, pm, ld, u, m, 0.0f, y, m);
+          }
+          outer *= d;
         }
-        outer *= d;
       }
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       fastest = r == 0 ? dt : std::min(fastest, dt);

@@ -1617,6 +1617,16 @@ class Shampoo {
   void accumulate_factor(const ExecSpace& space, factor_state_type& f, value_type* x_data,
                          const std::vector<std::int64_t>& extent, std::size_t k, double beta2, double weight) {
     const auto [outer, d, inner] = unfold(extent, k);
+    if constexpr (host_products) {
+      if (outer == 1 && inner == 1) {
+        // A one-dimensional block: the rank-one update in place (block_factors' form).
+        using Rows = impl::kernels::RankOneCombineRows<value_type, factor_type>;
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_rank_one"),
+                             Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, Rows::iterations(d)),
+                             Rows{x_data, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
+        return;
+      }
+    }
     if (outer == 1 || inner == 1) {
       // A first or last dimension: the Gram matrix is one GEMM (vendor BLAS where Kokkos
       // Kernels has it), then combined with the reference's formula.
@@ -1781,6 +1791,18 @@ class Shampoo {
       // A two-dimensional block's rows are row_stride apart: the leading dimension of both
       // products (the second's taking the first branch only for a single row, contiguous).
       const bool strided = blk.extent.size() == 2 && row_stride > 0;
+      if (outer == 1 && inner == 1 && !(strided && k == 0)) {
+        // A single contiguous vector (a one-dimensional block, a block of one row): L = beta2 L +
+        // w x x^T in one pass over the factor, the same bits as SYRK (k = 1) and the combination
+        // below, without the d x d Gram matrix. A block of one column read in place (strided)
+        // keeps the SYRK, which rounds alike.
+        const impl::kernels::RankOneCombineRows<value_type, factor_type> rank_one{
+            x, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0};
+        rows_in_parts(split, rank_one.iterations(d), d, [&](std::int64_t r0, std::int64_t r1) {
+          for (std::int64_t r = r0; r < r1; ++r) rank_one(r);
+        });
+        continue;
+      }
       if (outer == 1) {
         impl::blas::split::syrk_lower<value_type>(split, 'T', d, inner, value_type(1), x,
                                                   strided && k == 0 ? row_stride : std::max<std::int64_t>(1, inner),
@@ -1814,6 +1836,15 @@ class Shampoo {
       if (!f.preconditioned) continue;
       const auto [outer, d, inner] = unfold(blk.extent, k);
       value_type* to = from == x ? y : x;
+      if constexpr (std::is_same_v<value_type, inverse_factor_type> && impl::blas::is_blas_scalar<value_type>) {
+        if (f.packed && outer == 1 && inner == 1 && impl::blas::fits_int(d)) {
+          // A one-dimensional block: y = P x from the packed storage itself (SPMV; as
+          // apply_inverse_factors), no unpacking.
+          impl::blas::spmv<value_type>('L', d, value_type(1), f.inverse_factor.data(), from, value_type(0), to);
+          from = to;
+          continue;
+        }
+      }
       if (f.packed && impl::blas::fits_int(outer * inner)) {
         // Packed: one triangle unpacked, then SYMM (as apply_inverse_factors).
         const impl::kernels::UnpackLower<inverse_factor_type, value_type> lower{{f.inverse_factor.data(), f.dim, true}, pm};
@@ -2864,6 +2895,17 @@ class Shampoo {
       value_type* to = from == x ? y : x;
       if constexpr (std::is_same_v<value_type, inverse_factor_type>) {
         if constexpr (host_products) {
+          if (f.packed && outer == 1 && inner == 1 && impl::blas::fits_int(d)) {
+            // A one-dimensional block: y = P x from the packed storage (SPMV reads the packed
+            // matrix once; a SYMM with one row needed it unpacked and then copied it whole), on
+            // a single-threaded BLAS as on the block threads (OpenBLAS' threaded SPMV sums
+            // per-thread partial vectors: other bits).
+            space.fence();
+            impl::blas::SingleThreaded single;
+            impl::blas::spmv<value_type>('L', d, value_type(1), f.inverse_factor.data(), from, value_type(0), to);
+            from = to;
+            continue;
+          }
           if (f.packed && impl::blas::fits_int(outer * inner) && impl::blas::fits_int(d)) {
             // Packed (symmetric by construction): one triangle unpacked, then SYMM.
             using Lower = impl::kernels::UnpackLower<inverse_factor_type, value_type>;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// \file
-/// \brief Private. The host BLAS-3 routines lather calls directly (GEMM, SYRK, SYMM), declared by hand
+/// \brief Private. The host BLAS routines lather calls directly (GEMM, SYRK, SYMM, SPMV), declared by hand
 /// like the LAPACK ones (lather links `LAPACK::LAPACK`, which brings the BLAS), and the dispatch
 /// that sends host-resident products to them instead of through `KokkosBlas::gemm`.
 ///
@@ -38,6 +38,10 @@ void ssymm_(const char* side, const char* uplo, const int* m, const int* n, cons
 void dsymm_(const char* side, const char* uplo, const int* m, const int* n, const double* alpha, const double* a,
             const int* lda, const double* b, const int* ldb, const double* beta, double* c, const int* ldc,
             std::size_t side_len, std::size_t uplo_len);
+void sspmv_(const char* uplo, const int* n, const float* alpha, const float* ap, const float* x, const int* incx,
+            const float* beta, float* y, const int* incy, std::size_t uplo_len);
+void dspmv_(const char* uplo, const int* n, const double* alpha, const double* ap, const double* x, const int* incx,
+            const double* beta, double* y, const int* incy, std::size_t uplo_len);
 }
 
 // OpenBLAS' thread control, found at run time: weak, so that lather links against any BLAS
@@ -133,6 +137,21 @@ void symm(char side, char uplo, std::int64_t m, std::int64_t n, T alpha, const T
   const int ia = static_cast<int>(lda), ib = static_cast<int>(ldb), ic = static_cast<int>(ldc);
   if constexpr (std::is_same_v<T, double>) dsymm_(&side, &uplo, &im, &in, &alpha, a, &ia, b, &ib, &beta, c, &ic, 1, 1);
   else ssymm_(&side, &uplo, &im, &in, &alpha, a, &ia, b, &ib, &beta, c, &ic, 1, 1);
+}
+
+/// y = alpha A x + beta y, A (n x n) symmetric in `uplo`-packed column-major storage (`ap`, n (n + 1) / 2
+/// elements; 'L' packs the lower triangle column by column, which is the row-major upper triangle
+/// DistributedShampoo packs); contiguous vectors. Reads the packed matrix once: what a
+/// one-dimensional block's preconditioning needs (a SYMM with one row unpacked and copied the whole
+/// matrix for a matrix-vector product). Multi-threaded OpenBLAS sums per-thread partial vectors,
+/// so callers that must agree with a single-threaded call hold impl::blas::SingleThreaded.
+template <class T>
+void spmv(char uplo, std::int64_t n, T alpha, const T* ap, const T* x, T beta, T* y) {
+  static_assert(is_blas_scalar<T>);
+  if (n == 0) return;
+  const int in = static_cast<int>(n), one = 1;
+  if constexpr (std::is_same_v<T, double>) dspmv_(&uplo, &in, &alpha, ap, x, &one, &beta, y, &one, 1);
+  else sspmv_(&uplo, &in, &alpha, ap, x, &one, &beta, y, &one, 1);
 }
 
 /// \brief A rank-2 View seen as column-major storage: `data` with leading dimension `ld` holds
