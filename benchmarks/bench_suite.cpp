@@ -125,7 +125,8 @@ struct Result {
   double ref_packed = 0;  // Shampoo: the reference's state bytes, packed factors
   double ref_full = 0;    // ... full factors
   double heap_allocations = 0, kokkos_allocations = 0;  // per step, after the first
-  double best_seconds = 0;  // Shampoo steady steps: the fastest timed step
+  double best_seconds = 0;              // Shampoo steady steps: the fastest timed step
+  double kernels = 0, deep_copies = 0;  // Shampoo: Kokkos kernels and deep copies per step
 };
 std::map<std::string, Result>& results() {
   static std::map<std::string, Result> r;
@@ -175,6 +176,40 @@ AllocationCounts count_allocations(int steps, F&& step) {
   return {heap / steps, static_cast<double>(g_kokkos_allocations) / steps};
 }
 
+// Kokkos kernels (parallel_for / reduce / scan) and deep copies per step, through the Kokkos
+// Tools callbacks like the allocations above: on a GPU each launch costs microseconds, and a
+// reduction or deep copy to the host waits for the device, so these counts explain a
+// latency-bound step. BLAS calls are not Kokkos kernels and are not counted; nor are fences
+// (Kokkos 3.4 has the fence hook but does not call it).
+std::int64_t g_kernels = 0, g_deep_copies = 0;
+void count_kernel(const char*, std::uint32_t, std::uint64_t* id) {
+  ++g_kernels;
+  *id = 0;
+}
+void count_deep_copy(Kokkos::Profiling::SpaceHandle, const char*, const void*, Kokkos::Profiling::SpaceHandle,
+                     const char*, const void*, std::uint64_t) {
+  ++g_deep_copies;
+}
+struct LaunchCounts {
+  double kernels = 0, deep_copies = 0;
+};
+template <class F>
+LaunchCounts count_launches(int steps, F&& step) {
+  namespace T = Kokkos::Tools::Experimental;
+  g_kernels = g_deep_copies = 0;
+  T::set_begin_parallel_for_callback(count_kernel);
+  T::set_begin_parallel_reduce_callback(count_kernel);
+  T::set_begin_parallel_scan_callback(count_kernel);
+  T::set_begin_deep_copy_callback(count_deep_copy);
+  for (int s = 0; s < steps; ++s) step();
+  T::set_begin_parallel_for_callback(nullptr);
+  T::set_begin_parallel_reduce_callback(nullptr);
+  T::set_begin_parallel_scan_callback(nullptr);
+  T::set_begin_deep_copy_callback(nullptr);
+  const double n = steps;
+  return {static_cast<double>(g_kernels) / n, static_cast<double>(g_deep_copies) / n};
+}
+
 using Clock = std::chrono::steady_clock;
 
 // Times each iteration by hand (steps fence inside), reports manual time, keeps the mean (and
@@ -195,13 +230,16 @@ double timed_loop(benchmark::State& state, F&& body, double* best = nullptr) {
 
 // ---- references: SGEMM and a STREAM triad ------------------------------------------------------
 
+// On the execution space's memory: OpenBLAS on a host build, cuBLAS on a CUDA build (the vendor
+// BLAS the step's device products use), fenced, since a device GEMM returns before it is done.
 void sgemm(benchmark::State& state, std::int64_t n) {
-  using V = Kokkos::View<float**, Kokkos::LayoutLeft, Kokkos::HostSpace>;
+  using V = Kokkos::View<float**, Kokkos::LayoutLeft, M>;
   V a("a", n, n), b("b", n, n), c("c", n, n);
-  Kokkos::Random_XorShift64_Pool<Kokkos::DefaultHostExecutionSpace> pool(7);
+  Kokkos::Random_XorShift64_Pool<ExecSpace> pool(7);
   Kokkos::fill_random(a, pool, -1.0f, 1.0f);
   Kokkos::fill_random(b, pool, -1.0f, 1.0f);
-  KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);  // warm-up (threads, page faults)
+  KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);  // warm-up (threads, page faults, cuBLAS handle)
+  Kokkos::fence();
   // The reference rate is the best iteration, as the bandwidth's: on this shared VM the mean of a
   // 2-thread SGEMM 1024 moved between 156 and 202 GFLOP/s within one evening, and a low mean made
   // the steps' "of SGEMM" ratios look better than they were. The steps keep their mean.
@@ -209,6 +247,7 @@ void sgemm(benchmark::State& state, std::int64_t n) {
   const double mean = timed_loop(state, [&] {
     const auto t0 = Clock::now();
     KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);
+    Kokkos::fence();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     best = best == 0 ? dt : std::min(best, dt);
   });
@@ -442,7 +481,8 @@ struct WorkAndMemory {
 };
 
 // From lather's own blocks (merge_small_dims + multi_dim_split, the reference's rules).
-WorkAndMemory minimal_work(const ShampooOpt& opt, const Model& model) {
+template <class Opt>
+WorkAndMemory minimal_work(const Opt& opt, const Model& model) {
   WorkAndMemory w;
   for (std::size_t i = 0; i < opt.num_params(); ++i) {
     for (const auto& blk : opt.layout(i).blocks) {
@@ -473,7 +513,8 @@ lather::ShampooOptions shampoo_options(std::int64_t max_dim, std::int64_t freque
 }
 
 // Moves the optimizer's step counter (a state-dict round trip, the supported way).
-void set_step(ShampooOpt& opt, std::int64_t step) {
+template <class Opt>
+void set_step(Opt& opt, std::int64_t step) {
   auto d = opt.state_dict();
   d.tensors["param_groups.0.step"] = lather::StateTensor{{}, std::vector<std::int64_t>{step}};
   opt.load_state_dict(d);
@@ -482,11 +523,25 @@ void set_step(ShampooOpt& opt, std::int64_t step) {
 // kind "steady": precondition_frequency 100; steps 1 and 100 (the first root inverses) untimed,
 // then steps 101, 102, ... timed (none computes a root inverse).
 // kind "root": precondition_frequency 1: every timed step recomputes every inverse root.
-void shampoo(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
-             std::int64_t max_dim, bool root_step) {
+// Strategy: EigenRootInverse (the suite's Shampoo), or, on device builds, coupled Newton
+// ("root_newton") and AutoRootInverse's defaults ("root_auto": Newton with the eigendecomposition
+// where Newton does not succeed) for every root.
+template <class Strategy>
+std::string shampoo_key(const std::string& set, std::int64_t max_dim, bool root_step) {
+  const char* kind = !root_step                                                        ? "/steady"
+                     : std::is_same_v<Strategy, lather::EigenRootInverse>           ? "/root"
+                     : std::is_same_v<Strategy, lather::CoupledNewtonRootInverse> ? "/root_newton"
+                                                                                    : "/root_auto";
+  return "shampoo/" + set + "/" + std::to_string(max_dim) + kind;
+}
+
+template <class Strategy>
+void shampoo_run(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
+                 std::int64_t max_dim, bool root_step) {
+  using Opt = lather::Shampoo<P, ExecSpace, Strategy, lather::AdamGrafting>;
   Model model(shapes);
-  ShampooOpt opt(model.params, shampoo_options(max_dim, root_step ? 1 : 100), lather::EigenRootInverse{},
-                 lather::AdamGrafting{.epsilon = 1e-8});
+  Opt opt(model.params, shampoo_options(max_dim, root_step ? 1 : 100), Strategy{},
+          lather::AdamGrafting{.epsilon = 1e-8});
   const ExecSpace space;
   opt.step(space, model.grads);
   if (!root_step) {
@@ -503,10 +558,13 @@ void shampoo(benchmark::State& state, const std::string& set, const std::vector<
       &best);
   if (root_step != opt.last_step_info().amortized || opt.last_step_info().grafted)
     fail(state, "the timed steps were not the kind named (amortized / preconditioned)");
-  // Two more steps of the same kind (the steady ones stay below step 200).
+  // Two more steps of the same kind (the steady ones stay below step 200), then one counting launches.
   const AllocationCounts allocs = count_allocations(2, [&] { opt.step(space, model.grads); });
   state.counters["heap_allocs/step"] = allocs.heap;
   state.counters["kokkos_allocs/step"] = allocs.kokkos;
+  const LaunchCounts launches = count_launches(1, [&] { opt.step(space, model.grads); });
+  state.counters["kernels/step"] = launches.kernels;
+  state.counters["deep_copies/step"] = launches.deep_copies;
   const WorkAndMemory w = minimal_work(opt, model);
   const auto bytes = static_cast<double>(opt.state_bytes());
   if (!root_step) {
@@ -515,9 +573,27 @@ void shampoo(benchmark::State& state, const std::string& set, const std::vector<
   }
   state.counters["state_MB"] = bytes * 1e-6;
   state.counters["ref_state_MB"] = w.reference_packed * 1e-6;
-  const std::string key =
-      "shampoo/" + set + "/" + std::to_string(max_dim) + (root_step ? "/root" : "/steady");
-  results()[key] = {t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos, best};
+  results()[shampoo_key<Strategy>(set, max_dim, root_step)] = {
+      t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos, best,
+      launches.kernels, launches.deep_copies};
+}
+
+template <class Strategy = lather::EigenRootInverse>
+void shampoo(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
+             std::int64_t max_dim, bool root_step) {
+  if constexpr (std::is_same_v<Strategy, lather::EigenRootInverse>) {
+    shampoo_run<Strategy>(state, set, shapes, max_dim, root_step);
+  } else {
+    // Root steps whose roots are not finite are a result here (coupled Newton diverging on a
+    // rank-deficient float factor, where the step refuses and changes nothing), not a broken
+    // benchmark: reported, the suite goes on, the summary says so.
+    try {
+      shampoo_run<Strategy>(state, set, shapes, max_dim, root_step);
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      results()[shampoo_key<Strategy>(set, max_dim, root_step)] = Result{.seconds = -1};
+    }
+  }
 }
 
 // kind "period": precondition_frequency 20; after step 20 (every block's first roots), each
@@ -627,6 +703,69 @@ void root_inverse(benchmark::State& state, const char* name, const Strategy& str
       Result{.seconds = t};
 }
 
+// Device-only benchmarks: compiled for CUDA and HIP alone (the host builds' suite and its compile
+// time stay as they were).
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP)
+#define LATHER_BENCH_DEVICE 1
+#else
+#define LATHER_BENCH_DEVICE 0
+#endif
+constexpr bool device_build = LATHER_BENCH_DEVICE != 0;
+
+#if LATHER_BENCH_DEVICE
+// The double eigendecomposition of spd<T>(n) (a float matrix is exact in double), computed once per
+// matrix: both strategies are compared with it. Kept in std::vector, not a View: the cache
+// outlives Kokkos::finalize.
+template <class T>
+const std::vector<double>& reference_root(std::int64_t n,
+                                          const Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>& a) {
+  static std::map<std::int64_t, std::vector<double>> cache;
+  auto it = cache.find(n);
+  if (it == cache.end()) {
+    Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace> a64("a64", n, n), x64("x64", n, n);
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < n; ++j) a64(i, j) = static_cast<double>(a(i, j));
+    const Kokkos::View<const double**, Kokkos::LayoutRight, Kokkos::HostSpace> ac = a64;
+    (void)lather::EigenRootInverse{}.compute(Kokkos::DefaultHostExecutionSpace{}, ac, 4.0, 0.0, x64);
+    it = cache.emplace(n, std::vector<double>(x64.data(), x64.data() + n * n)).first;
+  }
+  return it->second;
+}
+
+// On a device build: the strategy on the execution space, A and X in its memory. There the
+// eigendecomposition copies A to the host, runs LAPACK on the CPU and copies X back, while
+// coupled Newton's products stay on the device (cuBLAS); this is where AutoRootInverse's
+// newton_min_dim_device comes from. "rel_diff" is max |X - X_eig| / max |X_eig| against a host
+// eigendecomposition in double: the strategies agree to Newton's tolerance, not bit for bit.
+template <class T, class Strategy>
+void root_inverse_space(benchmark::State& state, const char* name, const Strategy& strategy, std::int64_t n) {
+  const auto a_host = spd<T>(n);
+  Kokkos::View<T**, Kokkos::LayoutRight, M> a("a", n, n), x("x", n, n);
+  Kokkos::deep_copy(a, a_host);
+  const ExecSpace space;
+  const Kokkos::View<const T**, Kokkos::LayoutRight, M> ac = a;
+  lather::RootInverseStatus status = strategy.compute(space, ac, 4.0, 0.0, x);  // untimed first call
+  const double t = timed_loop(state, [&] {
+    status = strategy.compute(space, ac, 4.0, 0.0, x);
+    space.fence();
+  });
+  if (!lather::is_usable(status)) fail(state, lather::to_string(status));
+  // Accuracy against a double eigendecomposition of the same matrix.
+  const std::vector<double>& x64 = reference_root<T>(n, a_host);
+  const auto xh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, x);
+  double diff = 0, scale = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double ref = x64[static_cast<std::size_t>(i * n + j)];
+      diff = std::max(diff, std::abs(static_cast<double>(xh(i, j)) - ref));
+      scale = std::max(scale, std::abs(ref));
+    }
+  state.counters["rel_diff"] = scale > 0 ? diff / scale : diff;
+  results()[std::string(name) + (sizeof(T) == 4 ? "/float/" : "/double/") + std::to_string(n)] =
+      Result{.seconds = t, .flops = scale > 0 ? diff / scale : diff};
+}
+#endif
+
 // ---- registration and summary --------------------------------------------------------------
 
 struct Set {
@@ -673,17 +812,29 @@ void register_all(bool smoke) {
   for (const auto& s : sets())
     for (const std::int64_t dim : {256, 1024}) {
       const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
-      benchmark::RegisterBenchmark((base + "/steady").c_str(), shampoo, s.name, s.shapes, dim, false)
+      benchmark::RegisterBenchmark((base + "/steady").c_str(), shampoo<>, s.name, s.shapes, dim, false)
           ->UseManualTime()
           ->Iterations(std::min(s.steady_iterations, g_iterations_cap))
           ->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark((base + "/root").c_str(), shampoo, s.name, s.shapes, dim, true)
+      benchmark::RegisterBenchmark((base + "/root").c_str(), shampoo<>, s.name, s.shapes, dim, true)
           ->UseManualTime()
           ->Iterations(std::min(s.root_iterations, g_iterations_cap))
           ->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark((base + "/full_state").c_str(), shampoo_unpacked_state, s.name, s.shapes,
                                    dim)
           ->Iterations(1);
+#if LATHER_BENCH_DEVICE  // root steps with every root by coupled Newton on the device
+      benchmark::RegisterBenchmark((base + "/root_newton").c_str(), shampoo<lather::CoupledNewtonRootInverse>,
+                                   s.name, s.shapes, dim, true)
+          ->UseManualTime()
+          ->Iterations(std::min(s.root_iterations, g_iterations_cap))
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((base + "/root_auto").c_str(), shampoo<lather::AutoRootInverse>, s.name,
+                                   s.shapes, dim, true)
+          ->UseManualTime()
+          ->Iterations(std::min(s.root_iterations, g_iterations_cap))
+          ->Unit(benchmark::kMillisecond);
+#endif
     }
   for (const auto& s : sets()) {
     if (s.name == "resnet50") continue;  // 20 steps of seconds each per period: too long for the suite
@@ -733,6 +884,21 @@ void register_all(bool smoke) {
           ->Unit(benchmark::kMillisecond);
     }
   }
+#if LATHER_BENCH_DEVICE
+  // Each strategy on the execution space, float and double ("<name>/<type>/<n>").
+  const auto device_roots = [](const char* name, auto strategy) {
+    using S = decltype(strategy);
+    for (const std::int64_t n : {128, 256, 512, 1024, 2048, 4096})
+      for (const bool f : {true, false})
+        benchmark::RegisterBenchmark((std::string(name) + (f ? "/float/" : "/double/") + std::to_string(n)).c_str(),
+                                     f ? root_inverse_space<float, S> : root_inverse_space<double, S>, name, strategy, n)
+            ->UseManualTime()
+            ->Iterations(std::min(n >= 1024 ? 2 : 5, g_iterations_cap))
+            ->Unit(benchmark::kMillisecond);
+  };
+  device_roots("eigen_root_inverse_space", lather::EigenRootInverse{});
+  device_roots("coupled_newton_space", lather::CoupledNewtonRootInverse{});
+#endif
 }
 
 const Result* find(const std::string& k) {
@@ -848,6 +1014,54 @@ void write_summary(const std::string& path, int threads) {
         << ratio("eigen_root_inverse/double/" + sn, "syevd/double/" + sn) << " | "
         << ms("coupled_newton/double/" + sn) << " |\n";
   }
+  if (!device_build) return;
+  // Device builds: what a steady step launches (a GPU step pays microseconds per kernel and a
+  // wait per reduction or copy to the host), root inverses on the execution space, root steps by
+  // coupled Newton.
+  out << "\n| set | max dim | steady step | Kokkos kernels per step | deep copies per step | root step | kernels | "
+         "deep copies |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const auto& s : sets())
+    for (const std::int64_t dim : {256, 1024}) {
+      const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
+      const Result *st = find(base + "/steady"), *rt = find(base + "/root");
+      if (!st || !rt) continue;
+      std::snprintf(buf, sizeof buf, "| %s | %lld | %.2f ms | %.0f | %.0f | %.1f ms | %.0f | %.0f |\n", s.name.c_str(),
+                    static_cast<long long>(dim), st->seconds * 1e3, st->kernels, st->deep_copies, rt->seconds * 1e3,
+                    rt->kernels, rt->deep_copies);
+      out << buf;
+    }
+  out << "\nRoot inverses on the execution space (A and X in device memory; rel. difference against a "
+         "double eigendecomposition):\n\n| n | eigen float | Newton float | Newton / eigen | eigen double | "
+         "Newton double | Newton / eigen | rel. diff. eigen float | Newton float | Newton double |\n"
+         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const std::int64_t n : {128, 256, 512, 1024, 2048, 4096}) {
+    const std::string sn = std::to_string(n);
+    const Result *ef = find("eigen_root_inverse_space/float/" + sn), *nf = find("coupled_newton_space/float/" + sn),
+                 *ed = find("eigen_root_inverse_space/double/" + sn), *nd = find("coupled_newton_space/double/" + sn);
+    if (!ef || !nf || !ed || !nd) continue;
+    std::snprintf(buf, sizeof buf, "| %lld | %.2f ms | %.2f ms | %.2f | %.2f ms | %.2f ms | %.2f | %.1e | %.1e | %.1e |\n",
+                  static_cast<long long>(n), ef->seconds * 1e3, nf->seconds * 1e3, nf->seconds / ef->seconds,
+                  ed->seconds * 1e3, nd->seconds * 1e3, nd->seconds / ed->seconds, ef->flops, nf->flops, nd->flops);
+    out << buf;
+  }
+  out << "\n| set | max dim | root step (eigendecomposition) | root step (coupled Newton) | Newton / eigen | "
+         "root step (AutoRootInverse defaults) | Auto / eigen |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  auto cell = [&](const Result* r, const Result* e) {
+    if (!r) return std::string("- | -");
+    if (r->seconds < 0) return std::string("not finite (the step refused) | -");
+    std::snprintf(buf, sizeof buf, "%.1f ms | %.2f", r->seconds * 1e3, e ? r->seconds / e->seconds : 0.0);
+    return std::string(buf);
+  };
+  for (const auto& s : sets())
+    for (const std::int64_t dim : {256, 1024}) {
+      const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
+      const Result* e = find(base + "/root");
+      if (!e) continue;
+      const std::string nw = cell(find(base + "/root_newton"), e), au = cell(find(base + "/root_auto"), e);
+      std::snprintf(buf, sizeof buf, "| %s | %lld | %.1f ms | ", s.name.c_str(), static_cast<long long>(dim),
+                    e->seconds * 1e3);
+      out << buf << nw << " | " << au << " |\n";
+    }
 }
 
 }  // namespace

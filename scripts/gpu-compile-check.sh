@@ -29,6 +29,8 @@
 #                           diagnostics and the device link do not depend on it, and -O0 halves the
 #                           CUDA build and cuts the HIP build 3x, docs/gpu-compile-check.md). -O3
 #                           gives the Release flags users build with. Kokkos itself stays Release.
+#   LATHER_GPU_TARGETS      build only these executable targets (space-separated; default: every
+#                           one in `all`), as scripts/gpu-run.sh does for the bundle it runs on a GPU
 #   CUDA_HOME               CUDA toolkit (default /usr/local/cuda)
 set -euo pipefail
 
@@ -222,6 +224,19 @@ check_backend() {
     name=$(sed -E 's/^.*: CXX_EXECUTABLE_LINKER__(.*)_Release$/\1/' <<<"$line")
     if grep -qxF "$name" <<<"$in_all"; then exes+=("$name"); paths+=("$path"); fi
   done < <(ninja -C "$bdir" -t targets all | grep -E ': CXX_EXECUTABLE_LINKER__.*_Release$')
+  # LATHER_GPU_TARGETS: only these (a GPU run's bundle, scripts/gpu-run.sh), each must exist.
+  if [ -n "${LATHER_GPU_TARGETS:-}" ]; then
+    local want w i keep_e=() keep_p=()
+    read -r -a want <<<"$LATHER_GPU_TARGETS"
+    for w in "${want[@]}"; do
+      for i in "${!exes[@]}"; do
+        if [ "${exes[$i]}" = "$w" ]; then keep_e+=("$w"); keep_p+=("${paths[$i]}"); fi
+      done
+    done
+    [ "${#keep_e[@]}" = "${#want[@]}" ] || { R_NOTE[$be]="LATHER_GPU_TARGETS names a target not in all"; return 1; }
+    exes=("${keep_e[@]}")
+    paths=("${keep_p[@]}")
+  fi
   [ "${#exes[@]}" -gt 0 ] || { R_NOTE[$be]="no executable targets found"; return 1; }
   log "$be: building ${#exes[@]} targets: ${exes[*]} (log: $LOG_DIR/lather-$be-build.log)"
 

@@ -340,8 +340,13 @@ void impl_test_quantized_step() {
         mm = std::max(mm, std::abs(m[l]));
         vm = std::max(vm, v[l]);
       }
-      CHECK(ma1[b] == static_cast<float>(mm));
-      CHECK(va1[b] == static_cast<float>(vm));
+      if (host) {
+        CHECK(ma1[b] == static_cast<float>(mm));
+        CHECK(va1[b] == static_cast<float>(vm));
+      } else {  // device FMA contraction rounds m and v once less: last bits (an H200 agreed to 6 digits)
+        CHECK(ma1[b] == doctest::Approx(static_cast<float>(mm)).epsilon(1e-6));
+        CHECK(va1[b] == doctest::Approx(static_cast<float>(vm)).epsilon(1e-6));
+      }
     }
     for (std::size_t l = 0; l < 40; ++l) {
       const float am = ma1[l / 16], av = va1[l / 16];

@@ -1016,6 +1016,45 @@ void impl_test_auto() {
   }
   CHECK(at8.supports_root(2.5));
   CHECK_FALSE(at8.supports_root(-1.0));
+
+  // fallback_to_eigen (the default): where Newton is chosen and does not succeed, the result and
+  // status are the eigendecomposition's, bit for bit; without it, Newton's.
+  lather::AutoRootInverse always{};
+  always.newton_min_dim_host = always.newton_min_dim_device = 0;
+  CHECK(always.fallback_to_eigen);
+  const Mat q = random_orthogonal(13, 3);
+  {
+    // Out of iterations (max_iterations_reached): one iteration cannot converge on this matrix.
+    const Mat a = from_spectrum(q, log_spectrum(13, 1.0L, 1e3L));
+    lather::AutoRootInverse short_newton = always;
+    short_newton.newton.max_iterations = 1;
+    const Result newton_only = run<ExecSpace, double>(short_newton.newton, a, 4.0, 0.0);
+    REQUIRE(newton_only.status == RootInverseStatus::max_iterations_reached);
+    const Result by_eigen = run<ExecSpace, double>(eigen, a, 4.0, 0.0);
+    REQUIRE(by_eigen.status == RootInverseStatus::success);
+    CHECK(same_bits(run<ExecSpace, double>(short_newton, a, 4.0, 0.0), by_eigen));
+    short_newton.fallback_to_eigen = false;
+    CHECK(same_bits(run<ExecSpace, double>(short_newton, a, 4.0, 0.0), newton_only));
+    // Converging Newton is kept (no second computation changes its bits).
+    CHECK(same_bits(run<ExecSpace, double>(always, a, 4.0, 0.0), run<ExecSpace, double>(newton, a, 4.0, 0.0)));
+  }
+  {
+    // Divergence (non_finite): an eigenvalue slightly below zero, what rounding leaves in a
+    // rank-deficient float factor (the H200 run's mlp factor of rank 512 in 784). Newton grows it
+    // until M overflows; the eigendecomposition shifts the spectrum and succeeds.
+    std::vector<ld> d = log_spectrum(13, 1.0L, 1e3L);
+    d.back() = -1e-3L;
+    const Mat a = from_spectrum(q, d);
+    const Result newton_only = run<ExecSpace, float>(newton, a, 4.0, 1e-6);
+    REQUIRE(newton_only.status == RootInverseStatus::non_finite);
+    const Result by_eigen = run<ExecSpace, float>(eigen, a, 4.0, 1e-6);
+    REQUIRE(by_eigen.status == RootInverseStatus::success);
+    CHECK(all_finite(by_eigen.x));
+    CHECK(same_bits(run<ExecSpace, float>(always, a, 4.0, 1e-6), by_eigen));
+    lather::AutoRootInverse no_fallback = always;
+    no_fallback.fallback_to_eigen = false;
+    CHECK(run<ExecSpace, float>(no_fallback, a, 4.0, 1e-6).status == RootInverseStatus::non_finite);
+  }
   CHECK_THROWS_WITH_AS((lather::AutoRootInverse{.newton_min_dim_host = -1}.validate()),
                        Contains("'newton_min_dim_host'"), lather::invalid_argument);
   CHECK_THROWS_WITH_AS((lather::AutoRootInverse{.newton = {.tolerance = -1.0}}.validate()),

@@ -27,10 +27,17 @@ namespace lather {
 ///   Newton there;
 /// - on a device execution space (CUDA, HIP), for n >= `newton_min_dim_device` (default 0, i.e.
 ///   always): Newton's products stay on the device, while the eigendecomposition copies each
-///   factor to the host and back and runs LAPACK on the CPU. No GPU was available to measure this
-///   crossover; set it from your own `lather_bench_suite` run.
+///   factor to the host and back and runs LAPACK on the CPU. On an H200 with a 16-core host
+///   (docs/performance.md, "On a GPU") Newton took 0.92x (float) and 0.69x (double) the
+///   eigendecomposition's time at n = 128 and 0.04-0.13x from n = 512 to 4096, so there is no
+///   crossover to set there; measure your own with `lather_bench_suite` (HIP is not measured).
 /// Whatever the thresholds say, the eigendecomposition is used when Newton cannot honour the
 /// request: a non-integer root, or `eigen.pseudo_inverse` (Newton has no pseudo-inverse rule).
+/// With `fallback_to_eigen` (the default) it is also used when Newton was tried and did not
+/// succeed: it ran out of iterations, or diverged to non-finite entries. On an H200 the first
+/// root step of "mlp" at block size 1024 in float did: its (784, 784) factor has rank 512, rounding
+/// leaves eigenvalues slightly below zero, and the iteration grows them until M overflows, where
+/// the eigendecomposition (which shifts its eigenvalues, see EigenRootInverse) succeeds.
 ///
 /// The two strategies agree to their tolerances (Newton stops at `newton.tolerance`; the
 /// eigendecomposition is exact to rounding), not bit for bit: a run that changes the thresholds
@@ -44,6 +51,10 @@ struct AutoRootInverse {
   std::int64_t newton_min_dim_host = std::numeric_limits<std::int64_t>::max();
   /// Smallest n for coupled Newton on a device execution space (0: always).
   std::int64_t newton_min_dim_device = 0;
+  /// When Newton was chosen and returns anything but `success`, compute the root again by the
+  /// eigendecomposition and return its result and status (false: Newton's, as
+  /// CoupledNewtonRootInverse would).
+  bool fallback_to_eigen = true;
 
   /// Throws lather::invalid_argument naming the first invalid option.
   void validate() const {
@@ -70,14 +81,17 @@ struct AutoRootInverse {
   }
 
   /// \brief X ~ (A [+ eps I])^(-1/root) by the chosen strategy (see uses_newton); the status,
-  /// the synchronization and what is written are that strategy's.
+  /// the synchronization and what is written are that strategy's (the eigendecomposition's after
+  /// a fallback).
   template <class ExecSpace, class T, class MemorySpace>
   RootInverseStatus compute(const ExecSpace& space, const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a,
                             double root, double epsilon,
                             const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
     validate();
-    if (uses_newton<ExecSpace>(static_cast<std::int64_t>(a.extent(0)), root))
-      return newton.compute(space, a, root, epsilon, x);
+    if (uses_newton<ExecSpace>(static_cast<std::int64_t>(a.extent(0)), root)) {
+      const RootInverseStatus status = newton.compute(space, a, root, epsilon, x);
+      if (status == RootInverseStatus::success || !fallback_to_eigen) return status;
+    }
     return eigen.compute(space, a, root, epsilon, x);
   }
 };

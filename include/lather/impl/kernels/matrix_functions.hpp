@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace lather::impl::kernels {
@@ -174,20 +175,36 @@ struct CountNonFiniteMatrix {
 /// Kokkos Kernels release; the instance overload is 4.1+ only). It runs on the default instance of
 /// `CV::execution_space` (or synchronously in a host BLAS), so the helper fences `space` before
 /// (A, B and C were written by kernels queued there) and that default instance after (later
-/// kernels on `space` read C). Switching to the instance overload removes both fences.
+/// kernels on `space` read C), unless `space` is a CUDA instance on that default instance's
+/// stream (same_stream_as_gemm): the stream then orders the kernels and the product itself.
+/// On an H200 these two fences per product were most of a steady Shampoo step (docs/performance.md,
+/// "On a GPU"). Switching to the instance overload removes both fences everywhere.
 ///
 /// Host data used by a host execution space goes straight to the host BLAS (impl/backends/blas.hpp:
 /// any contiguous layout, no label strings, no allocation); the rest through Kokkos Kernels.
+template <class ExecSpace, class CV>
+bool same_stream_as_gemm([[maybe_unused]] const ExecSpace& space) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  // Kokkos Kernels' cuBLAS product runs on the stream of CV's default instance (3.4: cuBLAS'
+  // default stream, which is the Kokkos 3.4 default instance's; 4.x sets that instance's stream).
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda> &&
+                std::is_same_v<typename CV::execution_space, Kokkos::Cuda>)
+    return space.cuda_stream() == Kokkos::Cuda().cuda_stream();
+#endif
+  return false;  // host spaces (synchronous BLAS) and HIP (not measured on a GPU): fenced
+}
+
 template <class ExecSpace, class AV, class BV, class CV>
 void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b,
           typename CV::const_value_type alpha, const AV& a, const BV& b, typename CV::const_value_type beta,
           const CV& c) {
-  space.fence();
+  const bool ordered = same_stream_as_gemm<ExecSpace, CV>(space);
+  if (!ordered) space.fence();
   if constexpr (blas::host_blas_eligible<ExecSpace, AV, BV, CV>) {
     if (blas::gemm_views(trans_a[0], trans_b[0], alpha, a, b, beta, c)) return;
   }
   KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
-  typename CV::execution_space().fence();
+  if (!ordered) typename CV::execution_space().fence();
 }
 
 // ---- launcher -------------------------------------------------------------------------------------
