@@ -95,7 +95,7 @@ tar -C "$work" -xJf "$dir/bundle.tar.xz"
 # The CUDA 13 runtime and cuBLAS: the system's, else the CUDA toolkit's, else PyTorch's wheels.
 libpath="$work/lib"
 for l in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
-  ldconfig -p | grep -q "$l " && continue
+  ldconfig -p | grep "$l " >/dev/null && continue  # no -q: an early exit would SIGPIPE ldconfig (pipefail)
   f=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/local/cuda*/targets/*/lib /opt /usr/lib /usr/local/lib \
     -name "$l" 2>/dev/null | head -n1 || true)
   [ -n "$f" ] || die "no $l on this machine"

@@ -197,6 +197,21 @@ TEST_CASE("checkpoint: hostile lengths, counts and shapes are refused before all
                          Contains("whose size overflows 64 bits"), lather::invalid_argument);
   }
   {
+    // Found by fuzz_checkpoint (tests/fuzz/corpus/fuzz_checkpoint/regression-zero-extent-overflow.ckpt):
+    // a zero extent makes an entry empty however large the others are; the reader took such a shape
+    // and serialize_state_dict refused to write it back ("overflowing shape").
+    auto w = header(1);
+    w.string("x", "name");
+    w.integer(std::uint8_t{1});
+    w.integer(std::uint32_t{3});
+    for (const std::uint64_t e : {std::uint64_t{1} << 40, std::uint64_t{1} << 40, std::uint64_t{0}}) w.integer(e);
+    const auto bytes = finish(w);
+    const lather::StateDict d = lather::deserialize_state_dict(bytes, "zero extent");
+    REQUIRE(d.tensors.count("x") == 1);
+    CHECK(d.tensors.at("x").stored_size() == 0);
+    CHECK(lather::serialize_state_dict(d) == bytes);
+  }
+  {
     auto w = header(1);
     w.string("x", "name");
     w.integer(std::uint8_t{2});

@@ -9,7 +9,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -123,9 +125,16 @@ TEST_CASE("fuzz corpora: every committed input is handled (regression run withou
       (void)lather::deserialize_state_dict(std::as_bytes(std::span(bytes)), e.path().string());
     } catch (const lather::invalid_argument&) {
     }
+    // fuzz_checkpoint's invariant too: what parses writes back to the same bytes, up to the CRC.
+    std::optional<lather::StateDict> d;
     try {
-      (void)lather::impl::parse_checkpoint(std::as_bytes(std::span(bytes)), e.path().string(), false);
+      d = lather::impl::parse_checkpoint(std::as_bytes(std::span(bytes)), e.path().string(), false);
     } catch (const lather::invalid_argument&) {
+    }
+    if (d) {
+      const auto again = lather::serialize_state_dict(*d);  // outside the try: it must not throw
+      REQUIRE(again.size() == bytes.size());
+      CHECK(std::equal(again.begin(), again.end() - 4, std::as_bytes(std::span(bytes)).begin()));
     }
     ++seen;
   }

@@ -262,14 +262,19 @@ class CheckpointReader {
   w.string(dict.format, "the format string");
   w.integer(static_cast<std::uint64_t>(dict.tensors.size()));
   for (const auto& [name, t] : dict.tensors) {
+    // The reader's rule: a zero extent anywhere makes the entry empty, whatever the other extents
+    // multiply to (a shape (2^40, 2^40, 0) read from a file must write back; fuzz_checkpoint).
     std::uint64_t numel = 1;
+    const bool empty = std::find(t.shape.begin(), t.shape.end(), std::int64_t{0}) != t.shape.end();
     for (const auto e : t.shape) {
       LATHER_THROW_IF(e < 0, "lather::serialize_state_dict: entry '", name, "' has negative extent ", e);
+      if (empty) continue;
       const auto u = static_cast<std::uint64_t>(e);
-      LATHER_THROW_IF(u != 0 && numel > std::numeric_limits<std::uint64_t>::max() / u,
-                      "lather::serialize_state_dict: entry '", name, "' has an overflowing shape");
+      LATHER_THROW_IF(numel > std::numeric_limits<std::uint64_t>::max() / u, "lather::serialize_state_dict: entry '",
+                      name, "' has an overflowing shape");
       numel *= u;
     }
+    if (empty) numel = 0;
     LATHER_THROW_IF(numel != t.stored_size(), "lather::serialize_state_dict: entry '", name, "' has shape ",
                     impl::checkpoint_shape(t.shape), " but ", t.stored_size(), " values; make them agree");
     w.string(name, "an entry name");
