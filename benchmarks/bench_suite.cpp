@@ -453,9 +453,12 @@ void set_products(benchmark::State& state, const std::string& set, const std::ve
 
 // ---- AdamW -------------------------------------------------------------------------------------
 
-void adamw(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes) {
+// `portable`: host spaces run the portable multi-tensor kernel (the one devices run) instead of
+// the vectorized host chunk loop (AdamW::set_portable_kernels).
+void adamw(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes, bool portable) {
   Model model(shapes);
   lather::AdamW<P, ExecSpace> opt(model.params, lather::AdamWOptions{});
+  opt.set_portable_kernels(portable);
   const ExecSpace space;
   opt.step(space, model.grads);
   const double t = timed_loop(state, [&] {
@@ -465,11 +468,14 @@ void adamw(benchmark::State& state, const std::string& set, const std::vector<Sh
   const AllocationCounts allocs = count_allocations(2, [&] { opt.step(space, model.grads); });
   state.counters["heap_allocs/step"] = allocs.heap;
   state.counters["kokkos_allocs/step"] = allocs.kokkos;
+  const LaunchCounts launches = count_launches(1, [&] { opt.step(space, model.grads); });
+  state.counters["kernels/step"] = launches.kernels;
+  state.counters["deep_copies/step"] = launches.deep_copies;
   // One fused pass: parameters read and written, gradients read, two moments read and written.
   const double bytes = 7.0 * 4.0 * static_cast<double>(model.size);
   state.counters["GB/s"] = bytes / t * 1e-9;
   state.counters["state_bytes"] = 2.0 * 4.0 * static_cast<double>(model.size);
-  results()["adamw/" + set] = {t, 0, bytes, 0, 0, allocs.heap, allocs.kokkos};
+  results()["adamw/" + set + (portable ? "/portable" : "")] = {t, 0, bytes, 0, 0, allocs.heap, allocs.kokkos};
 }
 
 // ---- Shampoo -----------------------------------------------------------------------------------
@@ -805,9 +811,14 @@ void register_all(bool smoke) {
       ->Iterations(std::min(20, g_iterations_cap))
       ->Unit(benchmark::kMillisecond);
   for (const auto& s : sets()) {
-    auto* b = benchmark::RegisterBenchmark(("adamw/" + s.name).c_str(), adamw, s.name, s.shapes);
+    auto* b = benchmark::RegisterBenchmark(("adamw/" + s.name).c_str(), adamw, s.name, s.shapes, false);
     b->UseManualTime()->Unit(benchmark::kMillisecond);
     if (smoke) b->Iterations(1);
+    if constexpr (!device_build) {  // on devices the default is the portable kernel
+      auto* q = benchmark::RegisterBenchmark(("adamw/" + s.name + "/portable").c_str(), adamw, s.name, s.shapes, true);
+      q->UseManualTime()->Unit(benchmark::kMillisecond);
+      if (smoke) q->Iterations(1);
+    }
   }
   for (const auto& s : sets())
     for (const std::int64_t dim : {256, 1024}) {
@@ -974,13 +985,14 @@ void write_summary(const std::string& path, int threads) {
   out << "\n| set | AdamW step | GB/s | of bandwidth | allocations per step (heap, Kokkos) |\n";
   out << "| --- | ---: | ---: | ---: | ---: |\n";
   for (const auto& s : sets())
-    if (const Result* a = find("adamw/" + s.name)) {
-      const double bw = a->bytes / a->seconds;
-      std::snprintf(buf, sizeof buf, "| %s | %.2f ms | %.1f | %.0f%% | %.0f, %.0f |\n", s.name.c_str(),
-                    a->seconds * 1e3, bw * 1e-9, tri ? 100.0 * bw / (tri->bytes / tri->seconds) : 0.0,
-                    a->heap_allocations, a->kokkos_allocations);
-      out << buf;
-    }
+    for (const char* variant : {"", "/portable"})
+      if (const Result* a = find("adamw/" + s.name + variant)) {
+        const double bw = a->bytes / a->seconds;
+        std::snprintf(buf, sizeof buf, "| %s%s | %.2f ms | %.1f | %.0f%% | %.0f, %.0f |\n", s.name.c_str(),
+                      *variant ? " (portable kernel)" : "", a->seconds * 1e3, bw * 1e-9,
+                      tri ? 100.0 * bw / (tri->bytes / tri->seconds) : 0.0, a->heap_allocations, a->kokkos_allocations);
+        out << buf;
+      }
   out << "\n| set | max dim | F | mean step | longest step | mean step, staggered | longest step, staggered |\n";
   out << "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& s : sets()) {

@@ -7,6 +7,7 @@
 #include <lather/optimizers/adam.hpp>
 #include <lather/optimizers/rmsprop.hpp>
 #include <lather/optimizers/sgd.hpp>
+#include <lather/impl/kernels/multi_tensor.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -16,6 +17,7 @@
 #include "test_utils.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -316,14 +318,17 @@ void impl_test_adam_fast_path() {
       check_contiguous_equals_strided<lather::Adam, T, ExecSpace>(o, n);
 }
 
-// On host spaces one optimizer runs the element updates of all its contiguous Adam/AdamW
-// parameters in one loop over 4096-element chunks (impl/kernels/host_chunks.hpp). Each
-// parameter must end with the bits it gets alone in the general kernel (a strided copy):
-// sizes at and around chunk edges, a strided parameter and an amsgrad group (both outside the
-// chunk loop) in the same optimizer, a parameter without a gradient on one step, and two groups
-// with different options.
+// One optimizer runs the element updates of all its contiguous parameters in one loop over
+// 4096-element chunks: on host spaces the vectorized host loop (impl/kernels/host_chunks.hpp)
+// and, for what it does not cover (amsgrad), the portable multi-tensor kernel
+// (impl/kernels/multi_tensor.hpp), which devices run for all; `portable` sends every contiguous
+// parameter to the portable kernel on host spaces too. Each parameter must end with the bits it
+// gets alone in the general kernel (a strided copy): sizes at and around chunk edges, a strided
+// parameter (a kernel of its own) and an amsgrad group in the same optimizer, a parameter
+// without a gradient on one step, and two groups with different options.
 template <template <class, class> class Opt, class T, class ExecSpace, class Options>
-void check_chunk_loop_equals_single(const Options& first, const Options& second) {
+void check_chunk_loop_equals_single(const Options& first, const Options& second, bool portable) {
+  CAPTURE(portable);
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<T, M>;
   using Strided = Kokkos::View<T*, Kokkos::LayoutStride, M>;
@@ -350,6 +355,8 @@ void check_chunk_loop_equals_single(const Options& first, const Options& second)
   Opt<P, ExecSpace> opt(std::vector<Group>{
       Group{std::span<P>(together.data(), second_group), first, {}},
       Group{std::span<P>(together.data() + second_group, n - second_group), second, {}}});
+  opt.set_portable_kernels(portable);
+  REQUIRE(opt.portable_kernels() == portable);
   std::vector<std::unique_ptr<Opt<P, ExecSpace>>> singles;
   for (std::size_t i = 0; i < n; ++i)
     singles.push_back(std::make_unique<Opt<P, ExecSpace>>(std::span<P>(&alone[i], 1), i < second_group ? first : second));
@@ -378,37 +385,107 @@ void check_chunk_loop_equals_single(const Options& first, const Options& second)
 }
 
 template <class T, class ExecSpace>
-void impl_test_adam_chunk_loop() {
+void impl_test_adam_chunk_loop(bool portable) {
   using lather::AdamOptions, lather::AdamWOptions;
   check_chunk_loop_equals_single<lather::AdamW, T, ExecSpace>(
       AdamWOptions{.lr = 0.05, .betas = {0.5, 0.9}, .weight_decay = 0.3},
-      AdamWOptions{.lr = 0.01, .weight_decay = 0.0, .maximize = true});
+      AdamWOptions{.lr = 0.01, .weight_decay = 0.0, .maximize = true}, portable);
   check_chunk_loop_equals_single<lather::AdamW, T, ExecSpace>(AdamWOptions{},
-                                                              AdamWOptions{.lr = 0.02, .amsgrad = true});
+                                                              AdamWOptions{.lr = 0.02, .amsgrad = true}, portable);
   check_chunk_loop_equals_single<lather::Adam, T, ExecSpace>(
-      AdamOptions{.lr = 0.05, .eps = 1e-3, .weight_decay = 0.1}, AdamOptions{.lr = 0.01, .maximize = true});
+      AdamOptions{.lr = 0.05, .eps = 1e-3, .weight_decay = 0.1}, AdamOptions{.lr = 0.01, .maximize = true}, portable);
 }
 
 template <class T, class ExecSpace>
-void impl_test_other_chunk_loops() {
+void impl_test_other_chunk_loops(bool portable) {
   using lather::SGDOptions, lather::AdagradOptions, lather::RMSpropOptions;
   // Momentum's first step copies the direction (the no-gradient step 3 of one parameter delays
   // its buffer's second update), Nesterov, dampening, weight decay and maximize.
   check_chunk_loop_equals_single<lather::SGD, T, ExecSpace>(
       SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true},
-      SGDOptions{.lr = 0.02, .momentum = 0.5, .dampening = 0.3, .maximize = true});
-  check_chunk_loop_equals_single<lather::SGD, T, ExecSpace>(SGDOptions{.lr = 0.1}, SGDOptions{.lr = 0.01});
+      SGDOptions{.lr = 0.02, .momentum = 0.5, .dampening = 0.3, .maximize = true}, portable);
+  check_chunk_loop_equals_single<lather::SGD, T, ExecSpace>(SGDOptions{.lr = 0.1}, SGDOptions{.lr = 0.01}, portable);
   check_chunk_loop_equals_single<lather::Adagrad, T, ExecSpace>(
       AdagradOptions{.lr = 0.05, .lr_decay = 0.1, .weight_decay = 0.2, .initial_accumulator_value = 0.5},
-      AdagradOptions{.lr = 0.01, .eps = 1e-3, .maximize = true});
+      AdagradOptions{.lr = 0.01, .eps = 1e-3, .maximize = true}, portable);
   check_chunk_loop_equals_single<lather::RMSprop, T, ExecSpace>(
       RMSpropOptions{.lr = 0.01, .alpha = 0.9, .weight_decay = 0.1, .momentum = 0.8, .centered = true},
-      RMSpropOptions{.lr = 0.02, .eps = 1e-4, .maximize = true});
+      RMSpropOptions{.lr = 0.02, .eps = 1e-4, .maximize = true}, portable);
   check_chunk_loop_equals_single<lather::RMSprop, T, ExecSpace>(
-      RMSpropOptions{.lr = 0.01, .centered = true}, RMSpropOptions{.lr = 0.02, .alpha = 0.5, .momentum = 0.9});
+      RMSpropOptions{.lr = 0.01, .centered = true}, RMSpropOptions{.lr = 0.02, .alpha = 0.5, .momentum = 0.9}, portable);
+}
+
+
+// The multi-tensor loop itself (impl/kernels/multi_tensor.hpp), with the NaN/Inf count's job
+// (what devices run to screen gradients; host spaces screen with the host chunk loop): counts
+// per tensor at chunk edges and in a strided tensor, an empty tensor adding nothing, a refill
+// of the same table, and a clear error when more jobs come than were reserved.
+template <class ExecSpace>
+void impl_test_multi_tensor_table() {
+  using M = typename ExecSpace::memory_space;
+  using R = lather::TensorRef<const double, M>;
+  using Job = lather::impl::kernels::CountNonFinite<double, M>;
+  constexpr std::int64_t chunk = lather::impl::kernels::multi_tensor_chunk_elements;
+  const std::vector<std::int64_t> sizes{1, chunk, chunk + 1, 0, 3 * chunk + 7, 13};
+  const double nan = std::nan(""), inf = HUGE_VAL;
+  // Bad elements per tensor: first and last elements, both sides of chunk edges.
+  const std::vector<std::vector<std::int64_t>> bad{
+      {0}, {0, chunk - 1}, {chunk - 1, chunk}, {}, {chunk, 2 * chunk - 1, 2 * chunk, 3 * chunk + 6}, {}};
+  std::vector<Kokkos::View<double*, M>> data;
+  std::vector<R> refs;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<double> v(static_cast<std::size_t>(sizes[k]), 1.0);
+    for (std::size_t b = 0; b < bad[k].size(); ++b) v[static_cast<std::size_t>(bad[k][b])] = b % 2 ? inf : nan;
+    data.emplace_back("t", sizes[k]);
+    lather::test::from_host(lather::TensorRef<double, M>(lather::tensor_ref(data.back())), v);
+    refs.push_back(R(lather::tensor_ref(data.back())));
+  }
+  // A strided tensor: every other element of a 2 x 13 buffer, one NaN.
+  Kokkos::View<double*, M> wide("wide", 26);
+  std::vector<double> w(26, 2.0);
+  w[24] = nan;
+  w[25] = nan;  // between the strided elements: not counted
+  lather::test::from_host(lather::TensorRef<double, M>(lather::tensor_ref(wide)), w);
+  refs.push_back(R(lather::tensor_ref(Kokkos::View<double*, Kokkos::LayoutStride, M>(wide.data(), Kokkos::LayoutStride(13, 2)))));
+  const std::size_t n = refs.size();
+  Kokkos::View<std::int64_t*, M> counts("counts", n);
+
+  lather::impl::kernels::MultiTensorTable<ExecSpace, M, Job> table;
+  table.reserve(n);
+  const std::string label = "test::multi_tensor";
+  for (int round = 0; round < 2; ++round) {  // the second round refills the same table
+    CAPTURE(round);
+    Kokkos::deep_copy(counts, 0);
+    table.clear();
+    CHECK(table.empty());
+    for (std::size_t k = 0; k < n; ++k) table.add(Job{refs[k], counts.data(), k}, refs[k].size());
+    CHECK(table.size() == n - 1);  // the empty tensor adds no job
+    CHECK(table.chunks() == 1 + 1 + 2 + 4 + 1 + 1);
+    table.launch(label, ExecSpace());
+    ExecSpace().fence();
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), counts);
+    for (std::size_t k = 0; k + 1 < n; ++k) {
+      CAPTURE(k);
+      CHECK(host(k) == static_cast<std::int64_t>(bad[k].size()));
+    }
+    CHECK(host(n - 1) == 1);
+  }
+  table.add(Job{refs[0], counts.data(), 0}, 1);  // the n-th job: the last one reserved
+  CHECK(table.size() == n);
+  CHECK_THROWS_WITH_AS(table.add(Job{refs[0], counts.data(), 0}, 1), doctest::Contains("reserve() room"),
+                       lather::runtime_error);
+  // An empty table launches nothing.
+  table.clear();
+  table.launch(label, ExecSpace());
+  CHECK(table.chunks() == 0);
 }
 
 }  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("multi-tensor loop: one kernel over many tensors' chunks", ExecSpace, multi_tensor) {
+  impl_test_multi_tensor_table<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(multi_tensor, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: hand-computed scalar trajectories", ExecSpace, hand_computed) {
   impl_test_hand_computed<ExecSpace>();
@@ -433,14 +510,18 @@ TEST_CASE_TEMPLATE_APPLY(adam_fast, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("Adam/AdamW: all parameters in one chunk loop give each parameter's own bits", ExecSpace,
                           adam_chunks) {
-  impl_test_adam_chunk_loop<float, ExecSpace>();
-  impl_test_adam_chunk_loop<double, ExecSpace>();
+  for (const bool portable : {false, true}) {
+    impl_test_adam_chunk_loop<float, ExecSpace>(portable);
+    impl_test_adam_chunk_loop<double, ExecSpace>(portable);
+  }
 }
 TEST_CASE_TEMPLATE_APPLY(adam_chunks, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("SGD/Adagrad/RMSprop: all parameters in one chunk loop give each parameter's own bits",
                           ExecSpace, other_chunks) {
-  impl_test_other_chunk_loops<float, ExecSpace>();
-  impl_test_other_chunk_loops<double, ExecSpace>();
+  for (const bool portable : {false, true}) {
+    impl_test_other_chunk_loops<float, ExecSpace>(portable);
+    impl_test_other_chunk_loops<double, ExecSpace>(portable);
+  }
 }
 TEST_CASE_TEMPLATE_APPLY(other_chunks, lather_test_exec_spaces);

@@ -16,6 +16,8 @@
 #include <lather/impl/kernels/shampoo.hpp>
 #include <lather/optimizers/adam.hpp>
 #include <lather/optimizers/shampoo.hpp>
+#include <lather/root_inverse/auto_root_inverse.hpp>
+#include <lather/root_inverse/coupled_newton.hpp>
 #include <lather/root_inverse/eigen_root_inverse.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -588,6 +590,17 @@ TEST_CASE_TEMPLATE_DEFINE("host BLAS: no heap allocation in a host product or a 
     const Kokkos::View<const float**, Kokkos::LayoutRight, Space> cs13 = s13;
     n = heap_allocations([&] { (void)strategy.compute(space, cs13, 2.0, 1e-6, x13); });
     CHECK(n == 0);
+
+    // Coupled Newton, alone and chosen by AutoRootInverse: its work matrices are kept in the
+    // object after the first call of the largest size (impl/work_matrices.hpp).
+    const lather::CoupledNewtonRootInverse newton{.max_iterations = 200};
+    REQUIRE(lather::is_usable(newton.compute(space, cspd, 2.0, 1e-6, x)));
+    CHECK(heap_allocations([&] { (void)newton.compute(space, cspd, 2.0, 1e-6, x); }) == 0);
+    CHECK(heap_allocations([&] { (void)newton.compute(space, cs13, 2.0, 1e-6, x13); }) == 0);
+    const lather::AutoRootInverse by_newton{.newton = {.max_iterations = 200}, .newton_min_dim_host = 0};
+    REQUIRE(by_newton.uses_newton<ExecSpace>(64, 2.0));
+    REQUIRE(lather::is_usable(by_newton.compute(space, cspd, 2.0, 1e-6, x)));
+    CHECK(heap_allocations([&] { (void)by_newton.compute(space, cspd, 2.0, 1e-6, x); }) == 0);
   }
 }
 TEST_CASE_TEMPLATE_APPLY(no_allocation, lather_test_exec_spaces);
@@ -644,6 +657,20 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
     CHECK(heap_allocations([&] { shampoo.step(space, grads); }) == 0);  // step 5: steady
     CHECK(heap_allocations([&] { shampoo.step(space, grads); }) == 0);  // step 6: roots recomputed
     CHECK(shampoo.state_dict().tensors.size() > 0);  // (state still readable after the counted steps)
+
+    // Roots by coupled Newton (AutoRootInverse with Newton at every size, the device default).
+    // Epsilon above the float rounding of these rank-13 factors (about 1e-5 of their norm):
+    // below it Newton diverges on the eigenvalues rounded under zero, and its overflow would
+    // trip the harness's FE_INVALID trap before AutoRootInverse falls back.
+    lather::ShampooOptions on = o;
+    on.epsilon = 1e-2;
+    lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, lather::AutoRootInverse, lather::AdamGrafting> by_newton(
+        std::span<lather::TensorRef<float, Space>>(params), on,
+        lather::AutoRootInverse{.newton = {.max_iterations = 200}, .newton_min_dim_host = 0},
+        lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
+    for (int t = 1; t <= 5; ++t) by_newton.step(space, grads);
+    CHECK(heap_allocations([&] { by_newton.step(space, grads); }) == 0);  // step 6: roots recomputed
+    CHECK(by_newton.last_step_info().amortized);
 
     lather::AdamW<lather::TensorRef<float, Space>, ExecSpace> adamw(std::span<lather::TensorRef<float, Space>>(params),
                                                                     lather::AdamWOptions{.lr = 1e-3});

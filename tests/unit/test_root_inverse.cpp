@@ -1060,7 +1060,47 @@ void impl_test_auto() {
   CHECK_THROWS_WITH_AS((lather::AutoRootInverse{.newton = {.tolerance = -1.0}}.validate()),
                        Contains("'tolerance'"), lather::invalid_argument);
 }
+
+// The coupled strategies keep their work matrices between calls (impl/work_matrices.hpp): a
+// reused object must give a fresh object's bits whatever it computed before (a larger matrix, a
+// smaller one, the other precision, a failed call), its buffers must grow to the largest n and
+// stay there, and a copy must start without them.
+template <class ExecSpace, class Strategy>
+void check_work_matrix_reuse(const char* name, const Strategy& kept, std::size_t matrices_per_call) {
+  CAPTURE(name);
+  const Mat q64 = random_orthogonal(64, 7), q13 = random_orthogonal(13, 8);
+  const Mat a64 = from_spectrum(q64, log_spectrum(64, 2.0L, 1e2L)), a13 = from_spectrum(q13, log_spectrum(13, 2.0L, 1e2L));
+  Mat bad = a13;
+  bad(3, 4) = std::numeric_limits<ld>::quiet_NaN();
+  REQUIRE(kept.work_matrices.elements() == 0);
+  const Result first = run<ExecSpace, double>(kept, a64, 4.0, 1e-6);
+  REQUIRE(lather::is_usable(first.status));
+  const std::size_t grown = kept.work_matrices.elements();
+  CHECK(grown == matrices_per_call * 64 * 64);
+  // Smaller, the other precision, a NaN input, then the first matrix again: each as a fresh object.
+  const Strategy& s = kept;
+  CHECK(same_bits(run<ExecSpace, double>(s, a13, 4.0, 1e-6), run<ExecSpace, double>(Strategy(s), a13, 4.0, 1e-6)));
+  CHECK(same_bits(run<ExecSpace, float>(s, a13, 4.0, 1e-6), run<ExecSpace, float>(Strategy(s), a13, 4.0, 1e-6)));
+  CHECK(run<ExecSpace, double>(s, bad, 4.0, 1e-6).status != RootInverseStatus::success);
+  CHECK(same_bits(run<ExecSpace, double>(s, a64, 4.0, 1e-6), first));
+  // The double buffers stay at 64 x 64; float ones of 13 x 13 were added.
+  CHECK(kept.work_matrices.elements() == grown + matrices_per_call * 13 * 13);
+  const Strategy copy = kept;
+  CHECK(copy.work_matrices.elements() == 0);
+}
+
+template <class ExecSpace>
+void impl_test_work_matrix_reuse() {
+  check_work_matrix_reuse<ExecSpace>("newton", lather::CoupledNewtonRootInverse{}, 6);
+  check_work_matrix_reuse<ExecSpace>("higher-order", higher_order(), 8);
+}
 }  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("root inverse: coupled iterations reuse their work matrices and give a fresh object's bits",
+                          ExecSpace, work_matrices) {
+  impl_test_work_matrix_reuse<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(work_matrices, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("root inverse: AutoRootInverse picks by size and space, and equals the strategy it picks",
                           ExecSpace, auto_strategy) {

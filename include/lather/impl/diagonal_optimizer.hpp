@@ -12,6 +12,7 @@
 #include <lather/impl/gradients.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/kernels/host_chunks.hpp>
+#include <lather/impl/kernels/multi_tensor.hpp>
 #include <lather/impl/option_check.hpp>
 #include <lather/impl/options_io.hpp>
 #include <lather/io/state_dict.hpp>
@@ -129,6 +130,7 @@ class DiagonalOptimizer {
       m_jobs.reserve(m_params.size());
       m_job_chunks.reserve(m_params.size());
     }
+    m_multi.reserve(m_params.size());
   }
 
   // ---- the step ------------------------------------------------------------------------------
@@ -162,6 +164,7 @@ class DiagonalOptimizer {
       m_jobs.clear();
       m_job_chunks.clear();
     }
+    m_multi.clear();
     for (std::size_t i = 0; i < n; ++i) {
       if (!m_intake.has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
       const options_type& o = m_group_options[m_group_of[i]];
@@ -171,11 +174,16 @@ class DiagonalOptimizer {
       if constexpr (has_host_jobs) {
         // Host data the algorithm can run in chunks: collected, then one loop for all (below).
         typename host_jobs<Algorithm>::type job;
-        if (Algorithm::template host_job<ExecSpace>(o, s, m_params[i], g[i], job)) {
+        if (!m_portable_kernels && Algorithm::template host_job<ExecSpace>(o, s, m_params[i], g[i], job)) {
           m_job_chunks.add(m_jobs.size(), m_params[i].size());
           m_jobs.push_back(job);
           continue;
         }
+      }
+      if (m_params[i].is_row_major_contiguous() && g[i].is_row_major_contiguous()) {
+        // Everything else contiguous (all of it on devices): one kernel for all (below).
+        m_multi.add(Algorithm::template step_kernel<true>(o, s, m_params[i], g[i]), m_params[i].size());
+        continue;
       }
       Algorithm::template update<ExecSpace>(space, o, s, m_params[i], g[i]);
     }
@@ -187,6 +195,7 @@ class DiagonalOptimizer {
                                  });
       m_jobs.clear();  // jobs may hold Views of the state: no reference outlives the step
     }
+    m_multi.launch(step_label(), space);
     Kokkos::Profiling::popRegion();
   }
 
@@ -200,9 +209,23 @@ class DiagonalOptimizer {
   /// \brief Whether step() checks every gradient for NaN and Inf before changing anything (on
   /// by default). The check reads each gradient once and waits for the result (one fence of the
   /// step's execution space per step); turn it off to keep step() fully asynchronous when the
-  /// trainer checks its loss itself.
+  /// trainer checks its loss itself (on CUDA and host spaces; on other devices the upload of the
+  /// multi-tensor loop's job table still waits for its copy, see set_portable_kernels).
   void set_check_finite(bool on) noexcept { m_check_finite = on; }
   [[nodiscard]] bool check_finite() const noexcept { return m_check_finite; }
+
+  /// \brief Whether host spaces run the portable multi-tensor kernel (false by default).
+  ///
+  /// Every step runs its element updates in one loop over all parameters. On devices that is
+  /// a kernel with one team per chunk of 4096 elements of any parameter (the step uploads a
+  /// table of one job per parameter first); on host spaces a vectorized loop over the same
+  /// chunks, for the parameters and options it covers (float/double, contiguous; Adam without
+  /// amsgrad), and the portable kernel for the rest. `true` sends every contiguous host
+  /// parameter to the portable kernel as on a device: the same operations in the same order,
+  /// so the same results where the compiler contracts no multiply-add; for tests and
+  /// comparisons. Non-contiguous parameters keep a kernel each on every space.
+  void set_portable_kernels(bool on) noexcept { m_portable_kernels = on; }
+  [[nodiscard]] bool portable_kernels() const noexcept { return m_portable_kernels; }
 
   /// \brief What step() does with a NaN/Inf gradient (NonFinitePolicy::raise by default):
   /// raise, skip that parameter, or skip the whole step. Needs the check (check_finite()).
@@ -486,6 +509,14 @@ class DiagonalOptimizer {
   static constexpr bool has_host_jobs = host_jobs<Algorithm>::value;
   std::vector<typename host_jobs<Algorithm>::type> m_jobs;  // reserved for every parameter
   kernels::HostChunkTable m_job_chunks;
+  // The portable multi-tensor loop (kernels/multi_tensor.hpp): every contiguous parameter on
+  // devices, and on host spaces those the host chunk loop does not take (or all of them with
+  // set_portable_kernels(true)). Its job is the algorithm's contiguous element kernel.
+  using multi_job_type = decltype(Algorithm::template step_kernel<true>(
+      std::declval<const options_type&>(), std::declval<state_type&>(), std::declval<const tensor_type&>(),
+      std::declval<const TensorRef<const value_type, memory_space>&>()));
+  kernels::MultiTensorTable<ExecSpace, memory_space, multi_job_type> m_multi;
+  bool m_portable_kernels = false;
   bool m_check_finite = true;
   NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
   GradientIntake<value_type, memory_space, ExecSpace> m_intake;

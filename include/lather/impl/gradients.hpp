@@ -10,6 +10,7 @@
 #include <lather/error.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/kernels/host_chunks.hpp>
+#include <lather/impl/kernels/multi_tensor.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/optimizers/nonfinite.hpp>
 
@@ -64,7 +65,9 @@ class GradientIntake {
         m_check_label("lather::" + m_optimizer + "::check_finite"),
         m_counts("lather::" + m_optimizer + "::nonfinite_counts", num_params),
         m_counts_host(Kokkos::create_mirror_view(m_counts)),
-        m_skips(num_params, 0) {}
+        m_skips(num_params, 0) {
+    m_count_jobs.reserve(num_params);
+  }
 
   /// A gradient without data stands for torch's `grad is None` (a zero-size parameter needs none).
   static bool has_gradient(const grad_ref& g, const param_ref& p) { return g.data() != nullptr || p.size() == 0; }
@@ -143,8 +146,9 @@ class GradientIntake {
   /// Whole steps skipped by NonFinitePolicy::skip_step.
   [[nodiscard]] std::int64_t skipped_steps() const noexcept { return m_skipped_steps; }
 
-  /// Counts NaN/Inf values of every present gradient with one kernel per gradient and one copy
-  /// of the counts (one fence of `space`); throws naming the first bad parameter.
+  /// Counts NaN/Inf values of every present gradient (one loop over all of them: a kernel on
+  /// devices) and copies the counts back (one fence of `space`); throws naming the first bad
+  /// parameter.
   void check_finite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params,
                     const std::function<std::string(std::size_t)>& describe, const char* hint) {
     count_nonfinite(space, g, params);
@@ -221,12 +225,11 @@ class GradientIntake {
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
                              space, 0, static_cast<std::int64_t>(m_counts.extent(0))),
                          kernels::ZeroCounts<MemorySpace>{m_counts});
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      if (!has_gradient(g[i], params[i]) || g[i].size() == 0) continue;
-      Kokkos::parallel_for(m_check_label,
-                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, g[i].size()),
-                           kernels::CountNonFinite<T, MemorySpace>{g[i], m_counts, i});
-    }
+    // Every gradient in one kernel (kernels/multi_tensor.hpp).
+    m_count_jobs.clear();
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (has_gradient(g[i], params[i])) m_count_jobs.add({g[i], m_counts.data(), i}, g[i].size());
+    m_count_jobs.launch(m_check_label, space);
     Kokkos::deep_copy(space, m_counts_host, m_counts);
     space.fence();
   }
@@ -237,6 +240,7 @@ class GradientIntake {
   std::vector<Range> m_ranges;
   std::vector<std::int64_t> m_combined;
   kernels::HostChunkTable m_chunks;  // host spaces: the gradients' chunks (storage reused)
+  kernels::MultiTensorTable<ExecSpace, MemorySpace, kernels::CountNonFinite<T, MemorySpace>> m_count_jobs;  // elsewhere
   Kokkos::View<std::int64_t*, MemorySpace> m_counts;
   // `auto`-typed mirror: View::HostMirror is deprecated in Kokkos 5.
   decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, MemorySpace>>())) m_counts_host;

@@ -75,7 +75,7 @@ struct AdagradAlgorithm {
   }
 #endif
 
- private:
+  // The step's kernel, general or contiguous (the multi-tensor loop's job: DiagonalOptimizer).
   template <bool Contiguous, class T, class M, class State>
   static kernels::AdagradStep<T, M, Contiguous> step_kernel(const AdagradOptions& o, State& s,
                                                             const TensorRef<T, M>& p,

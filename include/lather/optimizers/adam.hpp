@@ -73,23 +73,23 @@ struct AdamAlgorithm {
   template <class ExecSpace, class T, class M, class State>
   static void update(const ExecSpace& space, const Options& o, State& s,
                      const TensorRef<T, M>& p, const TensorRef<const T, M>& g) {
+    launch_element_kernel(Decoupled ? LATHER_LABEL("lather::AdamW::step") : LATHER_LABEL("lather::Adam::step"), space,
+                          p, g, [&](auto contiguous) { return step_kernel<decltype(contiguous)::value>(o, s, p, g); });
+  }
+
+  // The step's kernel, general or contiguous (the multi-tensor loop's job: DiagonalOptimizer).
+  template <bool Contiguous, class T, class M, class State>
+  static kernels::AdamStep<T, M, Contiguous> step_kernel(const Options& o, State& s, const TensorRef<T, M>& p,
+                                                         const TensorRef<const T, M>& g) {
     // Scalars in double on the host, as torch computes them from Python floats.
     const double t = static_cast<double>(s.step);
     const double bias_correction1 = 1.0 - std::pow(o.betas[0], t);
     const double bias_correction2 = 1.0 - std::pow(o.betas[1], t);
-    const auto launch = [&](auto contiguous) {
-      kernels::AdamStep<T, M, decltype(contiguous)::value> k{
-          p, g, s.fields[0], s.fields[1], s.fields[2],
-          T(o.betas[0]), T(1.0 - o.betas[0]), T(o.betas[1]), T(1.0 - o.betas[1]),
-          T(Decoupled ? 0.0 : o.weight_decay), T(1.0 - o.lr * o.weight_decay),
-          T(o.lr / bias_correction1), T(std::sqrt(bias_correction2)), T(o.eps),
-          o.amsgrad, o.maximize, Decoupled && o.weight_decay != 0.0};
-      Kokkos::parallel_for(Decoupled ? LATHER_LABEL("lather::AdamW::step") : LATHER_LABEL("lather::Adam::step"),
-                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, p.size()), k);
-    };
-    const bool contiguous = p.is_row_major_contiguous() && g.is_row_major_contiguous();
-    if (contiguous) launch(std::true_type{});
-    else launch(std::false_type{});
+    return {p, g, s.fields[0], s.fields[1], s.fields[2],
+            T(o.betas[0]), T(1.0 - o.betas[0]), T(o.betas[1]), T(1.0 - o.betas[1]),
+            T(Decoupled ? 0.0 : o.weight_decay), T(1.0 - o.lr * o.weight_decay),
+            T(o.lr / bias_correction1), T(std::sqrt(bias_correction2)), T(o.eps),
+            o.amsgrad, o.maximize, Decoupled && o.weight_decay != 0.0};
   }
 
 #ifdef LATHER_HAS_HOST_CHUNKS

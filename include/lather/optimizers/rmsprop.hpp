@@ -78,7 +78,7 @@ struct RmspropAlgorithm {
   }
 #endif
 
- private:
+  // The step's kernel, general or contiguous (the multi-tensor loop's job: DiagonalOptimizer).
   template <bool Contiguous, class T, class M, class State>
   static kernels::RmspropStep<T, M, Contiguous> step_kernel(const RMSpropOptions& o, State& s,
                                                             const TensorRef<T, M>& p,

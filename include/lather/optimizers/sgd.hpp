@@ -75,8 +75,7 @@ struct SgdAlgorithm {
   }
 #endif
 
- private:
-  // The step's kernel; marks the momentum buffer as holding state (torch's first step copies
+  // The step's kernel, general or contiguous (the multi-tensor loop's job: DiagonalOptimizer); marks the momentum buffer as holding state (torch's first step copies
   // the direction into it).
   template <bool Contiguous, class T, class M, class State>
   static kernels::SgdStep<T, M, Contiguous> step_kernel(const SGDOptions& o, State& s, const TensorRef<T, M>& p,

@@ -8,6 +8,7 @@
 #include <lather/concepts/root_inverse.hpp>
 #include <lather/impl/kernels/matrix_functions.hpp>
 #include <lather/impl/option_check.hpp>
+#include <lather/impl/work_matrices.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -97,8 +98,9 @@ struct Rational {
 /// in M counts as divergence (early stop) and the true-error check then decides.
 ///
 /// Runs on `space` like CoupledNewtonRootInverse (gemm through Kokkos Kernels, one reduction per
-/// iteration, `space` fenced before returning). Allocates eight n x n work matrices per call (to
-/// be pooled later).
+/// iteration, `space` fenced before returning). Its eight n x n work matrices are kept in the
+/// object as CoupledNewtonRootInverse's (`work_matrices`); the series' coefficients are a small
+/// host vector per call.
 struct CoupledHigherOrderRootInverse {
   /// Relative perturbation: adds rel_epsilon * lambda_max. Required (no default, as in the
   /// reference): NaN means "not set" and fails validation. Finite, >= 0.
@@ -113,6 +115,8 @@ struct CoupledHigherOrderRootInverse {
   int order = 3;
   /// Iterate in double even for float data.
   bool compute_in_double = false;
+  /// Not an option: the work matrices kept between calls (see CoupledNewtonRootInverse).
+  mutable impl::WorkMatrixCache work_matrices{};
 
   /// Roots are approximated by fractions with denominators up to this.
   static constexpr std::uint64_t max_denominator = 1000;
@@ -177,7 +181,7 @@ struct CoupledHigherOrderRootInverse {
     const RootInverseStatus status = std::is_same_v<T, double> || compute_in_double
                                          ? run<double>(space, a, r, x)
                                          : run<float>(space, a, r, x);
-    space.fence();  // the work matrices die here
+    space.fence();  // the work matrices are free for the next call
     return status;
   }
 
@@ -187,7 +191,9 @@ struct CoupledHigherOrderRootInverse {
                         const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, impl::Rational r,
                         const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
     using ops_type = impl::kernels::MatrixOps<ExecSpace, C, MemorySpace>;
-    const ops_type ops(space, static_cast<impl::kernels::index_type>(a.extent(0)));
+    const auto n = static_cast<impl::kernels::index_type>(a.extent(0));
+    typename ops_type::lease_type lease(&work_matrices, n);  // held until this call returns
+    const ops_type ops(space, n, &lease);
     const auto p = static_cast<long long>(r.p), q = static_cast<long long>(r.q);
     const double pd = static_cast<double>(p);
 

@@ -8,6 +8,7 @@
 #include <lather/concepts/root_inverse.hpp>
 #include <lather/impl/kernels/matrix_functions.hpp>
 #include <lather/impl/option_check.hpp>
+#include <lather/impl/work_matrices.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -34,8 +35,9 @@ namespace lather {
 ///
 /// Runs on `space`: element-wise kernels and reductions are queued there, the products go through
 /// `KokkosBlas::gemm` on `ExecSpace`. Every iteration waits for one reduction (the error), and
-/// `compute` fences `space` before it returns. Allocates six n x n work matrices per call (to be
-/// pooled later).
+/// `compute` fences `space` before it returns. Its six n x n work matrices are kept in the object
+/// (`work_matrices`, grown to the largest n seen), so repeated calls allocate nothing; a copy of
+/// the object starts without them.
 struct CoupledNewtonRootInverse {
   /// Iteration limit, >= 1.
   int max_iterations = 100;
@@ -43,12 +45,17 @@ struct CoupledNewtonRootInverse {
   double tolerance = 1e-6;
   /// Iterate in double even for float data.
   bool compute_in_double = false;
+  /// Not an option: the work matrices kept between calls (impl/work_matrices.hpp; copies start
+  /// empty, a call that finds them in use on another thread allocates its own).
+  mutable impl::WorkMatrixCache work_matrices{};
 
   /// The largest root accepted.
   static constexpr double max_root = 2147483647.0;
 
   /// Throws lather::invalid_argument naming the first invalid option.
   void validate() const {
+    // compute() validates on every call: the valid case builds no message (allocates nothing).
+    if (max_iterations >= 1 && tolerance >= 0.0 && std::isfinite(tolerance)) return;
     const impl::OptionCheck check("CoupledNewtonRootInverse", "");
     check.at_least("max_iterations", max_iterations, 1);
     check.at_least("tolerance", tolerance, 0.0);
@@ -83,7 +90,7 @@ struct CoupledNewtonRootInverse {
     const RootInverseStatus status = std::is_same_v<T, double> || compute_in_double
                                          ? run<double>(space, a, static_cast<long long>(root), epsilon, x)
                                          : run<float>(space, a, static_cast<long long>(root), epsilon, x);
-    space.fence();  // the work matrices die here
+    space.fence();  // the work matrices are free for the next call
     return status;
   }
 
@@ -93,7 +100,9 @@ struct CoupledNewtonRootInverse {
                         const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& a, long long p,
                         double epsilon, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& x) const {
     using ops_type = impl::kernels::MatrixOps<ExecSpace, C, MemorySpace>;
-    const ops_type ops(space, static_cast<impl::kernels::index_type>(a.extent(0)));
+    const auto n = static_cast<impl::kernels::index_type>(a.extent(0));
+    typename ops_type::lease_type lease(&work_matrices, n);  // held until this call returns
+    const ops_type ops(space, n, &lease);
     if (ops.count_non_finite(a) > 0) {
       ops.fill(x, std::numeric_limits<T>::quiet_NaN());
       return RootInverseStatus::non_finite;

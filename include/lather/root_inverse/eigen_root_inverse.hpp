@@ -169,6 +169,7 @@ template <class E>
 struct EigenWorkspace {
   std::vector<E> q, lambda, s_scales, x;
   std::vector<E> result;  // row-major X for compute() on memory the host cannot write
+  std::vector<E> a_copy;  // A copied from memory the host cannot read
   static EigenWorkspace& get() {
     thread_local EigenWorkspace w;
     return w;
@@ -328,12 +329,16 @@ struct EigenRootInverse {
       space.fence();
       return a;
     } else {
-      Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> h(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::EigenRootInverse::a_host"), a.extent(0),
-          a.extent(1));
+      // Into this thread's kept buffer (a View each call was an allocation per factor and root
+      // step on a GPU: 767 for resnet50 at 256 on the H200).
+      auto& buffer = impl::EigenWorkspace<T>::get().a_copy;
+      const std::size_t n = a.extent(0);
+      if (buffer.size() < n * n) buffer.resize(n * n);
+      const Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
+          buffer.data(), n, n);
       Kokkos::deep_copy(space, h, a);
       space.fence();
-      return h;
+      return Kokkos::View<const T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(h);
     }
   }
 

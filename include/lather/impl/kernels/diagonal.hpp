@@ -41,14 +41,27 @@ KOKKOS_INLINE_FUNCTION T adam_denominator(T v, T bias_correction2_sqrt, T eps) {
 
 using index_type = std::int64_t;
 
+/// \brief A state buffer as the element kernels see it: the View's pointer, indexed like the
+/// View. Why not the View: a kernel that holds only pointers, TensorRefs and scalars is
+/// trivially copyable, so the multi-tensor loop (kernels/multi_tensor.hpp) can keep one per
+/// parameter in a table in device memory; the buffers stay alive in the optimizer's state.
+template <class T>
+struct Field {
+  T* ptr = nullptr;
+  Field() = default;
+  template <class V>
+  Field(const V& view) : ptr(view.data()) {}  // NOLINT(google-explicit-constructor): built from the state's Views
+  KOKKOS_INLINE_FUNCTION T& operator()(index_type i) const { return ptr[i]; }
+};
+
 /// Adds the number of NaN/Inf elements of `grad` to `counts(slot)`.
 template <class T, class MemorySpace>
 struct CountNonFinite {
   TensorRef<const T, MemorySpace> grad;
-  Kokkos::View<std::int64_t*, MemorySpace> counts;
+  std::int64_t* counts;  // device memory, one counter per gradient
   std::size_t slot;
   KOKKOS_FUNCTION void operator()(index_type i) const {
-    if (!math::isfinite(grad[i])) Kokkos::atomic_add(&counts(slot), std::int64_t{1});
+    if (!math::isfinite(grad[i])) Kokkos::atomic_add(counts + slot, std::int64_t{1});
   }
 };
 
@@ -66,7 +79,7 @@ template <class T, class MemorySpace, bool Contiguous = false>
 struct SgdStep {
   TensorRef<T, MemorySpace> param;
   TensorRef<const T, MemorySpace> grad;
-  Kokkos::View<T*, MemorySpace> momentum_buffer;  // empty without momentum
+  Field<T> momentum_buffer;  // empty without momentum
   T lr, weight_decay, momentum, one_minus_dampening;
   bool nesterov, maximize, use_momentum, first_momentum_step;
 
@@ -92,7 +105,7 @@ template <class T, class MemorySpace, bool Contiguous = false>
 struct AdagradStep {
   TensorRef<T, MemorySpace> param;
   TensorRef<const T, MemorySpace> grad;
-  Kokkos::View<T*, MemorySpace> sum;
+  Field<T> sum;
   T clr, weight_decay, eps;
   bool maximize;
 
@@ -114,9 +127,9 @@ template <class T, class MemorySpace, bool Contiguous = false>
 struct RmspropStep {
   TensorRef<T, MemorySpace> param;
   TensorRef<const T, MemorySpace> grad;
-  Kokkos::View<T*, MemorySpace> square_avg;
-  Kokkos::View<T*, MemorySpace> grad_avg;         // empty unless centered
-  Kokkos::View<T*, MemorySpace> momentum_buffer;  // empty without momentum
+  Field<T> square_avg;
+  Field<T> grad_avg;         // empty unless centered
+  Field<T> momentum_buffer;  // empty without momentum
   T lr, alpha, one_minus_alpha, eps, weight_decay, momentum;
   bool centered, use_momentum, maximize;
 
@@ -153,8 +166,8 @@ template <class T, class MemorySpace, bool Contiguous = false>
 struct AdamStep {
   TensorRef<T, MemorySpace> param;
   TensorRef<const T, MemorySpace> grad;
-  Kokkos::View<T*, MemorySpace> exp_avg, exp_avg_sq;
-  Kokkos::View<T*, MemorySpace> max_exp_avg_sq;  // empty unless amsgrad
+  Field<T> exp_avg, exp_avg_sq;
+  Field<T> max_exp_avg_sq;  // empty unless amsgrad
   T beta1, one_minus_beta1, beta2, one_minus_beta2;
   T l2_weight_decay;     // Adam: added to the gradient
   T decoupled_factor;    // AdamW: 1 - lr*weight_decay, applied to the parameter first

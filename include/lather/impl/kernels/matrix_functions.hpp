@@ -15,6 +15,7 @@
 #include <lather/impl/backends/blas.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
+#include <lather/impl/work_matrices.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
@@ -218,13 +219,18 @@ class MatrixOps {
   using matrix = Kokkos::View<C**, Kokkos::LayoutRight, Kokkos::Device<ExecSpace, MemorySpace>>;
   using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_type>>;
 
-  MatrixOps(const ExecSpace& space, index_type n) : m_space(space), m_n(n) {}
+  using lease_type = WorkMatrixCache::Lease<matrix>;
+
+  /// Work matrices come from `lease` (a strategy's WorkMatrixCache) when given, else are allocated.
+  MatrixOps(const ExecSpace& space, index_type n, lease_type* lease = nullptr)
+      : m_space(space), m_n(n), m_lease(lease) {}
 
   [[nodiscard]] index_type n() const { return m_n; }
 
-  /// An uninitialized n x n work matrix.
-  [[nodiscard]] matrix allocate(const std::string& label) const {
-    return matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), m_n, m_n);
+  /// An uninitialized n x n work matrix (the lease's next one when there is a lease).
+  [[nodiscard]] matrix allocate(const char* label) const {
+    if (m_lease != nullptr) return m_lease->next(label);
+    return matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), m_n, m_n);
   }
 
   /// `out = scale * in + shift * I`.
@@ -332,6 +338,7 @@ class MatrixOps {
 
   ExecSpace m_space;
   index_type m_n;
+  lease_type* m_lease;
 };
 
 }  // namespace lather::impl::kernels

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief Private. Element-wise passes over many tensors in one kernel on any execution space
+/// (the portable counterpart of kernels/host_chunks.hpp's host loop): each tensor's elements cut
+/// into chunks, one team per chunk.
+///
+/// Why: on a GPU a kernel per parameter is a launch per parameter, and most parameters of a
+/// model are small: on the H200 of the fourteenth round AdamW over resnet50's 161 parameters ran
+/// 322 kernels a step (the NaN/Inf check and the update of each) and reached 14-52% of the
+/// memory bandwidth (docs/performance.md). Here a step uploads one table (a job per tensor: its
+/// element kernel, trivially copyable) and launches one kernel over all chunks.
+#ifndef LATHER_IMPL_KERNELS_MULTI_TENSOR_HPP
+#define LATHER_IMPL_KERNELS_MULTI_TENSOR_HPP
+
+#include <lather/error.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace lather::impl::kernels {
+
+/// Elements per chunk (one team's share) of the multi-tensor loop: 16 per thread of a 256-thread
+/// GPU team, and as long as the host chunk loop's chunks on host spaces.
+inline constexpr std::int64_t multi_tensor_chunk_elements = 4096;
+
+/// One tensor's entry: its job, its element count and the index of its first chunk.
+template <class Job>
+struct MultiTensorEntry {
+  Job job;
+  std::int64_t size;
+  std::int64_t first_chunk;
+};
+
+/// \brief The team body: finds the chunk's entry (binary search over first_chunk) and runs the
+/// job on the chunk's elements, spread over the team's threads.
+template <class ExecSpace, class MemorySpace, class Job>
+struct MultiTensorBody {
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  Kokkos::View<const MultiTensorEntry<Job>*, MemorySpace> entries;
+
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    const std::int64_t c = team.league_rank();
+    std::int64_t lo = 0, hi = static_cast<std::int64_t>(entries.extent(0));
+    while (hi - lo > 1) {  // the last entry whose first chunk is <= c
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (entries(mid).first_chunk <= c) lo = mid;
+      else hi = mid;
+    }
+    const MultiTensorEntry<Job>& e = entries(lo);
+    const std::int64_t begin = (c - e.first_chunk) * multi_tensor_chunk_elements;
+    const std::int64_t end = begin + multi_tensor_chunk_elements < e.size ? begin + multi_tensor_chunk_elements : e.size;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::int64_t i) { e.job(i); });
+  }
+};
+
+/// \brief The jobs of one multi-tensor loop: add() one per tensor, then launch(). Its storage
+/// (a table in `MemorySpace` and one in host memory to fill it from) is allocated by reserve(),
+/// so steps allocate nothing.
+///
+/// `Job` must be trivially copyable (it is copied byte for byte into device memory) and callable
+/// as `job(i)` for an element index i in [0, size).
+template <class ExecSpace, class MemorySpace, class Job>
+class MultiTensorTable {
+  static_assert(std::is_trivially_copyable_v<Job>, "lather: a multi-tensor job must be trivially copyable");
+  using entry_type = MultiTensorEntry<Job>;
+
+ public:
+  /// Room for `n` jobs (allocates; call it outside step()).
+  void reserve(std::size_t n) {
+    if (n <= m_host.extent(0)) return;
+    m_device = Kokkos::View<entry_type*, MemorySpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs"), n);
+    m_host = Kokkos::View<entry_type*, Kokkos::HostSpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs_host"), n);
+  }
+  void clear() {
+    m_count = 0;
+    m_chunks = 0;
+  }
+  [[nodiscard]] std::size_t size() const { return m_count; }
+  [[nodiscard]] bool empty() const { return m_count == 0; }
+  [[nodiscard]] std::int64_t chunks() const { return m_chunks; }
+
+  /// Adds a tensor of `size` elements; an empty tensor adds nothing. At most reserve()'s n jobs.
+  void add(const Job& job, std::int64_t size) {
+    if (size <= 0) return;
+    LATHER_THROW_RUNTIME_IF(m_count >= m_host.extent(0), "lather: internal error: multi-tensor table full (", m_count,
+                    " jobs); reserve() room for every tensor first");
+    m_host(m_count) = entry_type{job, size, m_chunks};
+    ++m_count;
+    m_chunks += (size + multi_tensor_chunk_elements - 1) / multi_tensor_chunk_elements;
+  }
+
+  /// \brief Copies the table to `MemorySpace` and queues one kernel on `space` that runs every
+  /// job on every element of its tensor. `label` must outlive the call (a LATHER_LABEL or a
+  /// member: a label built per launch allocates).
+  ///
+  /// Synchronization: the kernel is asynchronous with respect to the host. The table's copy is
+  /// from pageable host memory: CUDA returns once it has staged the bytes (the host table may be
+  /// refilled right away); elsewhere the copy is fenced before returning, so the next step cannot
+  /// overwrite bytes still being read.
+  void launch(const std::string& label, const ExecSpace& space) {
+    if (m_count == 0) return;
+    LATHER_THROW_IF(m_chunks > std::numeric_limits<int>::max(), "lather: ", m_chunks,
+                    " chunks exceed a Kokkos league; split the parameters over several optimizers");
+    const std::pair<std::size_t, std::size_t> used(0, m_count);
+    const auto device = Kokkos::subview(m_device, used);
+    constexpr bool same_memory = std::is_same_v<typename decltype(m_device)::memory_space, Kokkos::HostSpace>;
+    if constexpr (same_memory) {
+      Kokkos::deep_copy(device, Kokkos::subview(m_host, used));  // host: a memcpy, done on return
+    } else {
+      Kokkos::deep_copy(space, device, Kokkos::subview(m_host, used));
+#if !defined(KOKKOS_ENABLE_CUDA)
+      space.fence();
+#else
+      if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
+#endif
+    }
+    Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(m_chunks), Kokkos::AUTO),
+                         MultiTensorBody<ExecSpace, MemorySpace, Job>{device});
+  }
+
+ private:
+  Kokkos::View<entry_type*, MemorySpace> m_device;
+  Kokkos::View<entry_type*, Kokkos::HostSpace> m_host;
+  std::size_t m_count = 0;
+  std::int64_t m_chunks = 0;
+};
+
+}  // namespace lather::impl::kernels
+
+#endif
