@@ -541,13 +541,17 @@ std::string shampoo_key(const std::string& set, std::int64_t max_dim, bool root_
   return "shampoo/" + set + "/" + std::to_string(max_dim) + kind;
 }
 
+// `other_passes`: the steady step with the other form of the element passes than the space's
+// default (Shampoo::set_batched_passes): on host builds the batched passes devices run
+// ("steady_batched"), on device builds the per-parameter kernels ("steady_per_parameter").
 template <class Strategy>
 void shampoo_run(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes,
-                 std::int64_t max_dim, bool root_step) {
+                 std::int64_t max_dim, bool root_step, bool other_passes = false) {
   using Opt = lather::Shampoo<P, ExecSpace, Strategy, lather::AdamGrafting>;
   Model model(shapes);
   Opt opt(model.params, shampoo_options(max_dim, root_step ? 1 : 100), Strategy{},
           lather::AdamGrafting{.epsilon = 1e-8});
+  if (other_passes) opt.set_batched_passes(!opt.batched_passes());
   const ExecSpace space;
   opt.step(space, model.grads);
   if (!root_step) {
@@ -579,7 +583,9 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   }
   state.counters["state_MB"] = bytes * 1e-6;
   state.counters["ref_state_MB"] = w.reference_packed * 1e-6;
-  results()[shampoo_key<Strategy>(set, max_dim, root_step)] = {
+  state.counters["batched_launches/step"] = static_cast<double>(opt.last_step_info().batched_launches);
+  const std::string other = other_passes ? (opt.batched_passes() ? "_batched" : "_per_parameter") : "";
+  results()[shampoo_key<Strategy>(set, max_dim, root_step) + other] = {
       t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos, best,
       launches.kernels, launches.deep_copies};
 }
@@ -824,6 +830,11 @@ void register_all(bool smoke) {
     for (const std::int64_t dim : {256, 1024}) {
       const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
       benchmark::RegisterBenchmark((base + "/steady").c_str(), shampoo<>, s.name, s.shapes, dim, false)
+          ->UseManualTime()
+          ->Iterations(std::min(s.steady_iterations, g_iterations_cap))
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((base + (device_build ? "/steady_per_parameter" : "/steady_batched")).c_str(),
+                                   shampoo_run<lather::EigenRootInverse>, s.name, s.shapes, dim, false, true)
           ->UseManualTime()
           ->Iterations(std::min(s.steady_iterations, g_iterations_cap))
           ->Unit(benchmark::kMillisecond);

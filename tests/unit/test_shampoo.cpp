@@ -452,12 +452,10 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
   }
 }
 
-template <class T, class ExecSpace>
-void impl_test_block_concurrency() {
-  const lather::ShampooOptions base{.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
-                                    .precondition_frequency = 2};
-  std::vector<lather::ShampooOptions> forms(8, base);
-  forms[1].max_preconditioner_dim = 512;  // one dominating block with a dimension > 256 ("big", variant 1)
+// Option forms shared by the path-equivalence tests: [2] momentum with Nesterov and L2 decay;
+// [3] dampened momentum, decoupled decay, a separate beta3, no bias correction and graft-only
+// steps before step 4.
+void set_common_forms(std::vector<lather::ShampooOptions>& forms) {
   forms[2].momentum = 0.9;
   forms[2].use_nesterov = true;
   forms[2].weight_decay = 0.01;
@@ -468,6 +466,15 @@ void impl_test_block_concurrency() {
   forms[3].beta3 = 0.8;
   forms[3].use_bias_correction = false;
   forms[3].start_preconditioning_step = 4;
+}
+
+template <class T, class ExecSpace>
+void impl_test_block_concurrency() {
+  const lather::ShampooOptions base{.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
+                                    .precondition_frequency = 2};
+  std::vector<lather::ShampooOptions> forms(8, base);
+  forms[1].max_preconditioner_dim = 512;  // one dominating block with a dimension > 256 ("big", variant 1)
+  set_common_forms(forms);
   forms[4].betas = {0.0, 0.99};
   forms[4].use_symmetric_packing = false;
   forms[5].iterate_averaging = lather::IterateAveraging::schedule_free;
@@ -479,6 +486,127 @@ void impl_test_block_concurrency() {
     impl_test_fused_blocks<T, ExecSpace, lather::AdamGrafting>(forms[static_cast<std::size_t>(v)], v);
   impl_test_fused_blocks<T, ExecSpace, lather::SGDGrafting>(forms[2], 2);
   impl_test_fused_blocks<T, ExecSpace, lather::NoGrafting>(forms[3], 3);
+}
+
+// The batched passes (set_batched_passes: each pass of a step one kernel over every block of
+// every parameter, the default on device spaces) against the per-parameter kernels. The
+// element-wise arithmetic is shared; the products differ in summation order (general GEMMs and a
+// team matrix-vector product instead of the host's SYMM, SPMV and rank-one rows, a team sum of
+// the grafting norms instead of 8 interleaved sums), so results agree to a tolerance, not in
+// bits: double to 1e-9 relative (rounding of ~1e-16 amplified by the inverse roots of
+// rank-deficient factors, epsilon 1e-6), float to 3e-5 absolute on parameters of magnitude ~1
+// after 7 steps of lr 0.01 (seen: up to 1.4e-6; skipping the folds of middle dimensions moves
+// them by 1e-4 to 2e-3). Covered: 1-D blocks of sizes 1, 2, 3, 13, 2-D, 3-D and 4-D blocks
+// (middle dimensions unfolded), a scalar, a LayoutLeft parameter, a parameter without a gradient
+// on one step, graft-only steps, root steps (factor backups), packed and full factors, a pool of
+// one factor (the queued combines, unpacks and products run every factor), grafting by Adam,
+// SGD and none, the eigendecomposed policy; and that the batched step launches a number of
+// kernels that does not grow with the parameter count.
+template <class T, class ExecSpace, class Grafting, class Preconditioner = lather::EigenRootInverse>
+void impl_test_batched_passes(const lather::ShampooOptions& options, int variant, std::int64_t pool = std::int64_t{1} << 24) {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible;
+  const std::vector<std::vector<std::int64_t>> vectors{{1}, {2}, {3}, {13}};
+  auto run = [&](bool batched) {
+    Kokkos::View<T**, Kokkos::LayoutRight, M> w("w", 9, 9), g("g", 9, 9);
+    Kokkos::View<T***, Kokkos::LayoutRight, M> c("c", 6, 4, 5), gc("gc", 6, 4, 5);
+    Kokkos::View<T****, Kokkos::LayoutRight, M> k4("k4", 5, 3, 3, 2), gk4("gk4", 5, 3, 3, 2);
+    Kokkos::View<T**, Kokkos::LayoutLeft, M> l("l", 7, 6), gl("gl", 7, 6);
+    Kokkos::View<T, M> s("s"), gs("gs");
+    std::vector<Kokkos::View<T*, M>> v, gv;
+    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(c), lather::tensor_ref(k4), lather::tensor_ref(l),
+                          lather::tensor_ref(s)};
+    for (const auto& e : vectors) {
+      v.emplace_back("v", e[0]);
+      gv.emplace_back("gv", e[0]);
+      params.push_back(lather::tensor_ref(v.back()));
+    }
+    for (std::size_t i = 0; i < params.size(); ++i)
+      lather::test::from_host(params[i], lather::test::random_values(static_cast<std::size_t>(params[i].size()), 60 + i));
+    lather::Shampoo<P, ExecSpace, Preconditioner, Grafting, lather::ShampooPrecision<T>> opt(params, options, {}, {});
+    CHECK(opt.batched_passes_possible());
+    CHECK(opt.batched_passes() == !host_space);  // the default: on for devices only
+    opt.set_block_concurrency(false);
+    opt.set_batched_passes(batched, pool);
+    REQUIRE(opt.batched_passes() == batched);
+    std::int64_t max_launches = 0;
+    for (int t = 1; t <= 7; ++t) {
+      std::vector<P> grads{lather::tensor_ref(g), lather::tensor_ref(gc), lather::tensor_ref(gk4), lather::tensor_ref(gl),
+                           lather::tensor_ref(gs)};
+      for (auto& x : gv) grads.push_back(lather::tensor_ref(x));
+      for (std::size_t i = 0; i < grads.size(); ++i)
+        lather::test::from_host(grads[i], lather::test::random_values(static_cast<std::size_t>(grads[i].size()),
+                                                                      static_cast<std::uint64_t>(100 * t + 7 * i)));
+      if (t == 3) grads[1] = P();  // no gradient for the 3-D parameter on this step
+      opt.step(ExecSpace(), grads);
+      CAPTURE(t);
+      CHECK((opt.last_step_info().batched_launches > 0) == batched);
+      CHECK(opt.last_step_info().fused_blocks == 0);
+      max_launches = std::max(max_launches, opt.last_step_info().batched_launches);
+    }
+    // Per step at most: gather, backups, combine, filter, two norms, copy, scale, apply, and per
+    // dimension round (4 here) an unfold for the factors plus matvec, unfold, unpack, fold for
+    // the directions; a pool of one factor adds a combine and a product batch per factor.
+    if (batched && pool > 1000) CHECK(max_launches <= 9 + 5 * 4);
+    std::vector<std::vector<double>> out;
+    for (const auto& p : params) out.push_back(lather::test::to_host(p));
+    auto f = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt.factor_matrix(0, 0, 0));
+    out.emplace_back(f.data(), f.data() + f.size());
+    return out;
+  };
+  const auto batched = run(true), per_parameter = run(false);
+  const double rtol = std::is_same_v<T, double> ? 1e-9 : 0.0, atol = std::is_same_v<T, double> ? 1e-12 : 3e-5;
+  for (std::size_t i = 0; i < batched.size(); ++i) {
+    CAPTURE(variant);
+    CAPTURE(i);
+    lather::test::all_close(batched[i], per_parameter[i], rtol, atol, "batched against per-parameter");
+  }
+}
+
+template <class T, class ExecSpace>
+void impl_test_batched() {
+  const lather::ShampooOptions base{.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
+                                    .precondition_frequency = 2};
+  std::vector<lather::ShampooOptions> forms(6, base);
+  forms[1].max_preconditioner_dim = 512;  // one block per parameter
+  set_common_forms(forms);  // graft-only steps first
+  forms[4].betas = {0.0, 0.99};
+  forms[4].use_symmetric_packing = false;
+  forms[5].weight_decay = 0.01;
+  for (int v = 0; v < static_cast<int>(forms.size()); ++v)
+    impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[static_cast<std::size_t>(v)], v);
+  impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[0], 10, 1);  // the pool: one factor
+  impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[4], 11, 1);
+  impl_test_batched_passes<T, ExecSpace, lather::SGDGrafting>(forms[2], 12);
+  impl_test_batched_passes<T, ExecSpace, lather::NoGrafting>(forms[3], 13);
+  impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting, lather::EigendecomposedShampoo<>>(forms[0], 14);
+}
+
+// Options the batched passes do not cover are refused by name, and leave the optimizer usable.
+template <class ExecSpace>
+void impl_test_batched_refused() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  Kokkos::View<double**, Kokkos::LayoutRight, M> w("w", 4, 3), g("g", 4, 3);
+  std::vector<P> params{lather::tensor_ref(w)};
+  lather::Shampoo<P, ExecSpace, lather::KLShampoo<lather::EigenRootInverse>, lather::AdamGrafting,
+                  lather::ShampooPrecision<double>>
+      kl(params, {.precondition_frequency = 1});
+  CHECK_FALSE(kl.batched_passes_possible());
+  CHECK_FALSE(kl.batched_passes());
+  CHECK_THROWS_WITH_AS(kl.set_batched_passes(true), doctest::Contains("set_batched_passes"), lather::invalid_argument);
+  CHECK_FALSE(kl.batched_passes());
+  lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<double>> avg(
+      params, {.betas = {0.0, 0.99}, .iterate_averaging = lather::IterateAveraging::schedule_free});
+  CHECK_FALSE(avg.batched_passes_possible());
+  CHECK_THROWS_WITH_AS(avg.set_batched_passes(true), doctest::Contains("iterate averaging"), lather::invalid_argument);
+  lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<double>> ok(
+      params, {});
+  CHECK_THROWS_WITH_AS(ok.set_batched_passes(true, 0), doctest::Contains("pool_elements"), lather::invalid_argument);
+  lather::test::from_host(lather::tensor_ref(g), lather::test::random_values(12, 5));
+  kl.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g)});  // still steps, per parameter
+  CHECK(kl.last_step_info().batched_launches == 0);
 }
 
 // A parameter in LayoutLeft, LayoutRight or strided gives the same trajectory, and blocking
@@ -989,6 +1117,13 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: blocks side by side on host threads give the
   impl_test_block_concurrency<float, ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_concurrency, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: batched passes agree with the per-parameter kernels", ExecSpace, shampoo_batched) {
+  impl_test_batched<double, ExecSpace>();
+  impl_test_batched<float, ExecSpace>();
+  impl_test_batched_refused<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_batched, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo: layouts, blocking, momentum", ExecSpace, shampoo_layouts) {
   impl_test_layouts_and_blocking<ExecSpace>();

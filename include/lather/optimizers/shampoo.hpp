@@ -27,7 +27,9 @@
 #include <lather/impl/kernels/distributed.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/kernels/matrix_functions.hpp>
+#include <lather/impl/kernels/multi_tensor.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
+#include <lather/impl/kernels/shampoo_batched.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/impl/option_check.hpp>
 #include <lather/io/checkpoint.hpp>
@@ -179,6 +181,7 @@ struct ShampooStepInfo {
   int root_computations_not_converged = 0;
   std::int64_t fused_blocks = 0;  ///< blocks that took the fused host path (block tasks)
   std::int64_t roots_side_by_side = 0;  ///< root inverses computed as host tasks
+  std::int64_t batched_launches = 0;  ///< kernels the batched passes launched (set_batched_passes)
 };
 }  // namespace impl
 
@@ -324,6 +327,7 @@ class Shampoo {
     if (max_unfold > 0) m_unfold = vector_type("lather::Shampoo::unfolded_block", max_unfold);
     allocate_block_threads(max_unfold);
     m_intake = impl::GradientIntake<value_type, memory_space, ExecSpace>("Shampoo", m_users.size());
+    if (!host_products && batched_passes_possible()) set_batched_passes(true);
   }
 
   // ---- the step ------------------------------------------------------------------------------
@@ -417,6 +421,39 @@ class Shampoo {
   /// process run BLAS calls at the same time.
   void set_block_concurrency(bool on) noexcept { m_block_concurrency = on; }
   [[nodiscard]] bool block_concurrency() const noexcept { return m_block_concurrency; }
+  /// \brief Whether a step runs each of its passes as one kernel over every block of every
+  /// parameter (gather, factor combine, filtering, grafting norms and scale, one-dimensional
+  /// products, update), instead of kernels per parameter and per block; the two- and more-
+  /// dimensional blocks' products stay one vendor-BLAS call per factor. On by default on device
+  /// spaces where batched_passes_possible(); off on host spaces, whose fused host blocks are
+  /// faster there (switching it on runs the device path on the host, for tests and comparisons).
+  /// The results agree with the per-parameter kernels up to the products' summation order.
+  /// Memory: two work buffers of all parameters' elements in the parameters' type, and a pool
+  /// for Gram matrices and unpacked inverse factors of `pool_elements` (16 Mi by default; at least
+  /// the largest factor, at most all factors; a smaller pool runs the queued combines and
+  /// products more often); allocated here, so call it outside step(), not concurrently with one.
+  void set_batched_passes(bool on, std::int64_t pool_elements = std::int64_t{1} << 24) {
+    LATHER_THROW_IF(pool_elements < 1, "lather::Shampoo::set_batched_passes: pool_elements = ", pool_elements,
+                    " must be >= 1 (it is raised to the largest factor's d^2)");
+    LATHER_THROW_IF(on && !batched_passes_possible(), "lather::Shampoo::set_batched_passes: the batched passes need "
+                    "root-inverse or eigendecomposed Shampoo (not KL) with inverse factors in the parameters' type, "
+                    "on one process (no DDP or sharding) and without iterate averaging; keep the per-parameter "
+                    "kernels (set_batched_passes(false)) for these options");
+    if (on) allocate_batched(pool_elements);
+    m_batched = on;
+  }
+  [[nodiscard]] bool batched_passes() const noexcept { return m_batched; }
+  /// Whether these options allow the batched passes (see set_batched_passes).
+  [[nodiscard]] bool batched_passes_possible() const noexcept {
+    if constexpr (!batched_kind) {
+      return false;
+    } else {
+      if (exchanges() || sharded() || m_dist_size != 1) return false;
+      for (const auto& grp : m_groups)
+        if (grp.options.iterate_averaging != IterateAveraging::none) return false;
+      return true;
+    }
+  }
   /// Steps on which parameter i's gradient had NaN/Inf values and was skipped.
   [[nodiscard]] std::int64_t nonfinite_skips(std::size_t i) const {
     (void)user(i);
@@ -1335,9 +1372,16 @@ class Shampoo {
     if (exchanges())
       for (std::size_t i = 0; i < m_params.size(); ++i)
         amortized_here = amortized_here || (active(i, g) && layout_blocks_amortized(i));
-    const bool fused = fused_possible(space);
+    const bool batched = batched_now();
+    const bool fused = !batched && fused_possible(space);
     if (!amortized_here) {
-      // Nothing can fail after the checks: one pass per parameter (or per block, fused).
+      // Nothing can fail after the checks: one pass per parameter (or per block, fused; or one
+      // over all parameters, batched).
+      if (batched) {
+        batched_factors(space, g, false);
+        batched_direction(space, g);
+        return;
+      }
       if (fused) {
         run_fused(space, g, true, true, false);
         return;
@@ -1354,7 +1398,8 @@ class Shampoo {
     // Amortized step, in phases so that an error leaves everything as it was.
     // Phase A: factor statistics of every parameter, with the previous factors backed up.
     if (fused) run_fused(space, g, true, false, true);
-    for (std::size_t i = 0; i < m_params.size() && !fused; ++i) {
+    if (batched) batched_factors(space, g, true);
+    for (std::size_t i = 0; i < m_params.size() && !fused && !batched; ++i) {
       if (!computes(i, g)) continue;
       gather(space, i, g[i]);
       update_factors(space, i, true, m_groups[m_params[i].group].options);
@@ -1434,7 +1479,8 @@ class Shampoo {
     // Phase D: filtering, grafting, direction, update (the blocked gradient is gathered again:
     // the shared buffer holds the last parameter's).
     if (fused) run_fused(space, g, false, true, false);
-    for (std::size_t i = 0; i < m_params.size() && !fused; ++i) {
+    if (batched) batched_direction(space, g);
+    for (std::size_t i = 0; i < m_params.size() && !fused && !batched; ++i) {
       if (!computes(i, g)) continue;
       gather(space, i, g[i]);
       direction_and_update(space, i);
@@ -2837,6 +2883,371 @@ class Shampoo {
     if (exchanges()) pack(space, i, delta_out);
   }
 
+  // ---- batched passes ("one kernel per pass over all blocks", devices) ----------------------
+  // A step as the per-parameter path computes it, pass by pass over every parameter at once:
+  // the gather, the factor backups, the unfolds of middle dimensions, the factor combines, the
+  // filtering, the grafting norms and scale, the one-dimensional blocks' products and the
+  // update are one kernel each (tables of trivially copyable jobs, kernels/multi_tensor.hpp); the
+  // Gram and preconditioning products of larger blocks stay one BLAS call per factor, queued
+  // back to back. The gradient and the direction of every parameter have their own ranges of
+  // two whole-model buffers, so no pass waits for another parameter's. Gram matrices and
+  // unpacked inverse factors share a bounded pool: when it is full, the queued combines (or
+  // unpacks) run and it is reused.
+  static constexpr bool batched_kind = !kl && std::is_same_v<value_type, inverse_factor_type> &&
+                                       (kind == PreconditionerKind::root_inverse ||
+                                        kind == PreconditionerKind::eigendecomposed);
+  // Where a block's elements are in its parameter (see impl::kernels::BlockMapped).
+  struct BlockPlace {
+    std::int64_t origin = 0;
+    int rank = 0;
+    bool small = true;
+    std::int64_t ext[max_tensor_rank] = {}, stride[max_tensor_rank] = {};
+  };
+  template <class Op>
+  impl::kernels::BlockMapped<Op> block_mapped(const Op& op, const block_state_type& blk, std::size_t global_block) const {
+    const BlockPlace& place = m_batch_places[global_block];
+    impl::kernels::BlockMapped<Op> m{op, blk.begin, place.origin, place.rank, place.small, {}, {}};
+    for (int j = 0; j < place.rank; ++j) {
+      m.ext[j] = place.ext[j];
+      m.stride[j] = place.stride[j];
+    }
+    return m;
+  }
+  // One preconditioning product of a round: block data at cur, result at other.
+  struct BatchedProduct {
+    value_type* cur;
+    value_type* other;
+    const value_type* pm;  // the inverse factor, full storage (in place or unpacked into the pool)
+    std::int64_t outer, d, inner;
+    bool in_place;
+  };
+
+  bool batched_now() const {
+    if constexpr (!batched_kind) {
+      return false;
+    } else {
+      if (!m_batched) return false;
+      for (const auto& grp : m_groups)  // options may have changed since set_batched_passes
+        if (grp.options.iterate_averaging != IterateAveraging::none) return false;
+      return true;
+    }
+  }
+
+  void allocate_batched(std::int64_t pool_elements) {
+    std::int64_t total = 0, blocks = 0, factors = 0, pool = 0, max_d2 = 0;
+    std::size_t max_rank = 0;
+    m_batch_offset.assign(m_params.size(), 0);
+    m_batch_first_block.assign(m_params.size(), 0);
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const auto& p = m_params[i];
+      m_batch_offset[i] = total;
+      m_batch_first_block[i] = blocks;
+      total += p.local_numel;
+      blocks += static_cast<std::int64_t>(p.blocks.size());
+      for (const auto& blk : p.blocks) {
+        max_rank = std::max(max_rank, blk.factors.size());
+        for (const auto& f : blk.factors) {
+          if (!f.preconditioned) continue;
+          ++factors;
+          pool += f.dim * f.dim;
+          max_d2 = std::max(max_d2, f.dim * f.dim);
+        }
+      }
+    }
+    m_batch_max_rank = max_rank;
+    // Each block's place in its parameter (row-major over the merged shape).
+    m_batch_places.clear();
+    m_batch_places.reserve(static_cast<std::size_t>(blocks));
+    for (const auto& p : m_params) {
+      const auto& merged = p.layout.merged_shape;
+      const int rank = static_cast<int>(merged.size());
+      std::int64_t stride[max_tensor_rank] = {};
+      std::int64_t step = 1;
+      for (int j = rank - 1; j >= 0; --j) {
+        stride[j] = step;
+        step *= merged[static_cast<std::size_t>(j)];
+      }
+      for (const auto& blk : p.blocks) {
+        const auto& spec = p.layout.blocks[blk.id];
+        BlockPlace place;
+        place.rank = rank;
+        std::int64_t n = 1;
+        for (int j = 0; j < rank; ++j) {
+          place.origin += spec.offset[static_cast<std::size_t>(j)] * stride[j];
+          place.ext[j] = spec.extent[static_cast<std::size_t>(j)];
+          place.stride[j] = stride[j];
+          n *= place.ext[j];
+        }
+        LATHER_THROW_RUNTIME_IF(n != numel_of(blk.extent), "lather::Shampoo: internal error: block ", blk.id,
+                                " of parameter '", p.name, "' has ", numel_of(blk.extent), " elements but its place ", n);
+        place.small = n <= std::int64_t{0xFFFFFFFF};
+        m_batch_places.push_back(place);
+      }
+    }
+    if (static_cast<std::int64_t>(m_batch_grad.extent(0)) < std::max<std::int64_t>(total, 1)) {
+      m_batch_grad = vector_type("lather::Shampoo::batched_grad", std::max<std::int64_t>(total, 1));
+      m_batch_work = vector_type("lather::Shampoo::batched_direction", std::max<std::int64_t>(total, 1));
+    }
+    pool = std::max<std::int64_t>(1, std::max(max_d2, std::min(pool, pool_elements)));
+    if (static_cast<std::int64_t>(m_batch_pool.extent(0)) != pool)
+      m_batch_pool = vector_type("lather::Shampoo::batched_pool", pool);
+    if (static_cast<std::int64_t>(m_batch_norms.extent(0)) < 2 * std::max<std::int64_t>(blocks, 1))
+      m_batch_norms = Kokkos::View<double*, memory_space>("lather::Shampoo::batched_norms", 2 * std::max<std::int64_t>(blocks, 1));
+    const auto np = m_params.size(), nb = static_cast<std::size_t>(blocks), nf = static_cast<std::size_t>(factors);
+    m_batch_cur.reserve(nb);
+    m_batch_scalars.reserve(np);
+    m_batch_products.reserve(nf);
+    m_tab_gather.reserve(nb);
+    m_tab_backup.reserve(nf);
+    m_tab_unfold.reserve(nb);
+    m_tab_combine.reserve(nf);
+    m_tab_filter.reserve(np);
+    m_tab_unpack.reserve(nf);
+    m_tab_copy.reserve(nb);
+    m_tab_apply.reserve(nb);
+    m_tab_norms.reserve(nb);
+    m_tab_matvec.reserve(nb);
+    m_tab_scale.reserve(nb);
+  }
+
+  template <class Table>
+  void batch_launch(Table& table, const std::string& label, const ExecSpace& space) {
+    if (table.empty()) return;
+    table.launch(label, space);
+    ++m_info.batched_launches;
+  }
+
+  // Combines the factors whose Gram matrices are in the pool; the pool is free again after.
+  void flush_combines(const ExecSpace& space) {
+    batch_launch(m_tab_combine, LATHER_LABEL("lather::Shampoo::batched_combine"), space);
+    m_tab_combine.clear();
+    m_batch_pool_used = 0;
+  }
+
+  // Gather, factor backups (amortized steps) and factor updates of every parameter with a gradient.
+  void batched_factors(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g,
+                       bool amortize) {
+    using impl::kernels::GatherGradient;
+    m_tab_gather.clear();
+    m_tab_backup.clear();
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!computes(i, g)) continue;
+      auto& p = m_params[i];
+      const auto& o = m_groups[p.group].options;
+      const bool l2 = o.weight_decay_type == WeightDecayType::l2 && o.weight_decay != 0.0;
+      const GatherGradient<value_type, memory_space> gather{g[i], p.param, m_batch_grad.data() + m_batch_offset[i],
+                                                            value_type(l2 ? o.weight_decay : 0.0)};
+      for (std::size_t b = 0; b < p.blocks.size(); ++b)
+        m_tab_gather.add(block_mapped(gather, p.blocks[b], static_cast<std::size_t>(m_batch_first_block[i]) + b),
+                         numel_of(p.blocks[b].extent));
+      if (!amortize) continue;
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        if (!block_amortized(p.group, p.blocks[b].ordinal)) continue;
+        for (std::size_t k = 0; k < p.blocks[b].factors.size(); ++k) {
+          const auto& f = p.blocks[b].factors[k];
+          if (f.preconditioned)
+            m_tab_backup.add({f.factor.data(), p.backup[b][k].data()}, static_cast<std::int64_t>(f.factor.extent(0)));
+        }
+      }
+    }
+    batch_launch(m_tab_gather, LATHER_LABEL("lather::Shampoo::batched_gather"), space);
+    batch_launch(m_tab_backup, LATHER_LABEL("lather::Shampoo::batched_backup"), space);
+    m_tab_combine.clear();
+    m_batch_pool_used = 0;
+    // Round k: every block's dimension k. Middle dimensions are unfolded into the direction
+    // buffer (free until the direction passes) first, all in one kernel.
+    for (std::size_t k = 0; k < m_batch_max_rank; ++k) {
+      m_tab_unfold.clear();
+      for (std::size_t i = 0; i < m_params.size(); ++i) {
+        if (!computes(i, g)) continue;
+        const auto& p = m_params[i];
+        for (const auto& blk : p.blocks) {
+          if (k >= blk.factors.size() || !blk.factors[k].preconditioned) continue;
+          const auto [outer, d, inner] = unfold(blk.extent, k);
+          const std::int64_t at = m_batch_offset[i] + blk.begin;
+          if (outer > 1 && inner > 1)
+            m_tab_unfold.add({m_batch_grad.data() + at, m_batch_work.data() + at, outer, d, inner, false}, outer * d);
+        }
+      }
+      batch_launch(m_tab_unfold, LATHER_LABEL("lather::Shampoo::batched_unfold"), space);
+      for (std::size_t i = 0; i < m_params.size(); ++i) {
+        if (!computes(i, g)) continue;
+        auto& p = m_params[i];
+        const auto& o = m_groups[p.group].options;
+        const double beta2 = o.betas[1];
+        const auto fb = factor_type(beta2), fw = factor_type(beta2 == 1.0 ? 1.0 : 1.0 - beta2);
+        for (auto& blk : p.blocks) {
+          if (k >= blk.factors.size() || !blk.factors[k].preconditioned) continue;
+          auto& f = blk.factors[k];
+          const auto [outer, d, inner] = unfold(blk.extent, k);
+          value_type* const x = m_batch_grad.data() + m_batch_offset[i] + blk.begin;
+          if (outer * inner == 1) {  // a one-dimensional block: x x^T formed in the combine
+            m_tab_combine.add({nullptr, x, f.factor_storage(), fb, fw, beta2 != 1.0}, d * d);
+            continue;
+          }
+          if (m_batch_pool_used + d * d > static_cast<std::int64_t>(m_batch_pool.extent(0))) flush_combines(space);
+          value_type* const gram = m_batch_pool.data() + m_batch_pool_used;
+          m_batch_pool_used += d * d;
+          if (outer > 1 && inner > 1)
+            gram_product(space, true, blas_matrix(m_batch_work.data() + m_batch_offset[i] + blk.begin, outer * inner, d),
+                         blas_matrix(gram, d, d));
+          else
+            gram_product(space, outer == 1, blas_matrix(x, outer == 1 ? inner : d, outer == 1 ? d : outer),
+                         blas_matrix(gram, d, d));
+          m_tab_combine.add({gram, nullptr, f.factor_storage(), fb, fw, beta2 != 1.0}, d * d);
+        }
+      }
+    }
+    flush_combines(space);
+  }
+
+  // Runs the queued products of a round: the unfolds of their middle dimensions, the unpacks of
+  // their packed inverse factors into the pool, the products, then the folds; the pool and the
+  // tables are free again after.
+  void run_products(const ExecSpace& space) {
+    batch_launch(m_tab_unfold, LATHER_LABEL("lather::Shampoo::batched_unfold"), space);
+    m_tab_unfold.clear();
+    for (const auto& q : m_batch_products)
+      if (q.outer > 1 && q.inner > 1) m_tab_unfold.add({q.cur, q.other, q.outer, q.d, q.inner, true}, q.outer * q.d);
+    flush_products(space);
+    batch_launch(m_tab_unfold, LATHER_LABEL("lather::Shampoo::batched_fold"), space);
+    m_tab_unfold.clear();
+  }
+  void flush_products(const ExecSpace& space) {
+    batch_launch(m_tab_unpack, LATHER_LABEL("lather::Shampoo::batched_unpack"), space);
+    m_tab_unpack.clear();
+    for (const auto& q : m_batch_products) {
+      const auto pm = blas_matrix(const_cast<value_type*>(q.pm), q.d, q.d);
+      const char* const keep = q.in_place ? "T" : "N";
+      if (q.outer == 1) {
+        gemm(space, "N", keep, value_type(1), blas_matrix(q.cur, q.inner, q.d), pm, value_type(0),
+             blas_matrix(q.other, q.inner, q.d));
+      } else if (q.inner == 1) {
+        gemm(space, q.in_place ? "N" : "T", "N", value_type(1), pm, blas_matrix(q.cur, q.d, q.outer), value_type(0),
+             blas_matrix(q.other, q.d, q.outer));
+      } else {  // unfolded into `other` before: the product back into `cur`, folded into `other` after
+        gemm(space, "N", keep, value_type(1), blas_matrix(q.other, q.outer * q.inner, q.d), pm, value_type(0),
+             blas_matrix(q.cur, q.outer * q.inner, q.d));
+      }
+    }
+    m_batch_products.clear();
+    m_batch_pool_used = 0;
+  }
+
+  // Filtering, grafting, the preconditioned direction and the update of every parameter with a
+  // gradient, from the gathered gradients (batched_factors).
+  void batched_direction(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
+    const value_type* const grad = m_batch_grad.data();
+    value_type* const work = m_batch_work.data();
+    double* const norms = m_batch_norms.data();
+    m_batch_scalars.clear();
+    m_tab_filter.clear();
+    m_tab_norms.clear();
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      auto& p = m_params[i];
+      m_batch_scalars.push_back(step_scalars(p));
+      if (!computes(i, g)) continue;
+      const StepScalars& sc = m_batch_scalars.back();
+      m_info.grafted = m_info.grafted || sc.graft_now;
+      auto filter = filter_kernel(p, sc, m_grad, p.filtered, p.graft_state, m_work0);
+      filter.grad = grad + m_batch_offset[i];
+      filter.out = work + m_batch_offset[i];
+      m_tab_filter.add(filter, p.local_numel);
+      if (!Grafting::enabled || sc.graft_now) continue;
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        const auto& blk = p.blocks[b];
+        const std::int64_t gb = m_batch_first_block[i] + static_cast<std::int64_t>(b);
+        m_tab_norms.add({work + m_batch_offset[i] + blk.begin,
+                         Grafting::has_state ? p.graft_state.data() + blk.begin : nullptr, numel_of(blk.extent),
+                         norms + 2 * gb, sc.graft, Grafting::has_state});
+      }
+    }
+    batch_launch(m_tab_filter, LATHER_LABEL("lather::Shampoo::batched_filter"), space);
+    batch_launch(m_tab_norms, LATHER_LABEL("lather::Shampoo::batched_graft_norms"), space);
+    // The products, round k over every block's dimension k, each block alternating between its
+    // range of the direction buffer and of the gradient buffer (free after the filtering).
+    m_batch_cur.clear();
+    for (std::size_t i = 0; i < m_params.size(); ++i)
+      for (const auto& blk : m_params[i].blocks) m_batch_cur.push_back(work + m_batch_offset[i] + blk.begin);
+    auto other_of = [&](std::size_t i, const block_state_type& blk, const value_type* cur) {
+      const std::int64_t at = m_batch_offset[i] + blk.begin;
+      return cur == work + at ? m_batch_grad.data() + at : work + at;
+    };
+    for (std::size_t k = 0; k < m_batch_max_rank; ++k) {
+      m_tab_unfold.clear();
+      m_tab_matvec.clear();
+      m_batch_products.clear();
+      m_tab_unpack.clear();
+      m_batch_pool_used = 0;
+      for (std::size_t i = 0; i < m_params.size(); ++i) {
+        if (!computes(i, g) || m_batch_scalars[i].graft_now) continue;
+        const auto& p = m_params[i];
+        for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+          const auto& blk = p.blocks[b];
+          if (k >= blk.factors.size() || !blk.factors[k].preconditioned) continue;
+          const auto& f = blk.factors[k];
+          value_type*& cur = m_batch_cur[static_cast<std::size_t>(m_batch_first_block[i]) + b];
+          value_type* const other = other_of(i, blk, cur);
+          const auto [outer, d, inner] = unfold(blk.extent, k);
+          if (outer * inner == 1) {
+            m_tab_matvec.add({f.inverse_storage(), cur, other});
+            cur = other;
+            continue;
+          }
+          if (outer > 1 && inner > 1) m_tab_unfold.add({cur, other, outer, d, inner, false}, outer * d);
+          const value_type* pm = f.inverse_factor.data();
+          if (f.packed) {
+            // Unpacked into the pool; a full pool runs the products queued so far first (the
+            // unfolds are queued above them: launched now, before any product reads them).
+            if (m_batch_pool_used + d * d > static_cast<std::int64_t>(m_batch_pool.extent(0))) run_products(space);
+            value_type* const full = m_batch_pool.data() + m_batch_pool_used;
+            m_batch_pool_used += d * d;
+            m_tab_unpack.add({f.inverse_storage(), full}, d * d);
+            pm = full;
+          }
+          m_batch_products.push_back({cur, other, pm, outer, d, inner, !f.packed});
+          cur = other;
+        }
+      }
+      batch_launch(m_tab_matvec, LATHER_LABEL("lather::Shampoo::batched_matvec"), space);
+      run_products(space);
+    }
+    // Directions that ended in the gradient buffer back into the direction buffer, then the
+    // grafting: ||P|| per block and the scale.
+    m_tab_copy.clear();
+    m_tab_norms.clear();
+    m_tab_scale.clear();
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!computes(i, g) || m_batch_scalars[i].graft_now) continue;
+      const auto& p = m_params[i];
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        const auto& blk = p.blocks[b];
+        const std::int64_t gb = m_batch_first_block[i] + static_cast<std::int64_t>(b), n = numel_of(blk.extent);
+        value_type* const x = work + m_batch_offset[i] + blk.begin;
+        const value_type* const cur = m_batch_cur[static_cast<std::size_t>(gb)];
+        if (cur != x) m_tab_copy.add({cur, x}, n);
+        if constexpr (Grafting::enabled) {
+          m_tab_norms.add({x, nullptr, n, norms + 2 * gb + 1, m_batch_scalars[i].graft, false});
+          m_tab_scale.add({x, n, norms + 2 * gb});
+        }
+      }
+    }
+    batch_launch(m_tab_copy, LATHER_LABEL("lather::Shampoo::batched_copy"), space);
+    batch_launch(m_tab_norms, LATHER_LABEL("lather::Shampoo::batched_direction_norms"), space);
+    batch_launch(m_tab_scale, LATHER_LABEL("lather::Shampoo::batched_graft_scale"), space);
+    m_tab_apply.clear();
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      if (!computes(i, g)) continue;
+      const auto& p = m_params[i];
+      auto update = update_kernel(p, m_batch_scalars[i], m_work0, p.momentum, nullptr);
+      update.direction = work + m_batch_offset[i];
+      for (std::size_t b = 0; b < p.blocks.size(); ++b)
+        m_tab_apply.add(block_mapped(update, p.blocks[b], static_cast<std::size_t>(m_batch_first_block[i]) + b),
+                        numel_of(p.blocks[b].extent));
+    }
+    batch_launch(m_tab_apply, LATHER_LABEL("lather::Shampoo::batched_apply"), space);
+  }
+
   // The inverse factor of f as a full d x d column-major matrix in the Gram scratch (symmetric,
   // so the layout does not matter), queued on `space`.
   // The inverse factor P as a GEMM operand: full storage in place (row-major P read column-major
@@ -3353,6 +3764,32 @@ class Shampoo {
   std::vector<std::int64_t> m_failed_ranks;
   NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
   bool m_block_concurrency = true;
+  // Batched passes (see set_batched_passes and "batched passes" above).
+  template <class Job>
+  using multi_table = impl::kernels::MultiTensorTable<ExecSpace, memory_space, Job>;
+  template <class Job>
+  using team_table = impl::kernels::TeamTable<ExecSpace, memory_space, Job>;
+  bool m_batched = false;
+  vector_type m_batch_grad, m_batch_work, m_batch_pool;  // all parameters' blocked gradient and direction
+  Kokkos::View<double*, memory_space> m_batch_norms;     // per block: ||graft(Gbar)||^2, ||P||^2
+  std::vector<std::int64_t> m_batch_offset, m_batch_first_block;  // per piece
+  std::int64_t m_batch_pool_used = 0;
+  std::size_t m_batch_max_rank = 0;
+  std::vector<value_type*> m_batch_cur;  // per block: where its direction is now
+  std::vector<BlockPlace> m_batch_places;  // per block: where its elements are in the parameter
+  std::vector<StepScalars> m_batch_scalars;  // per piece, this step's
+  std::vector<BatchedProduct> m_batch_products;
+  multi_table<impl::kernels::BlockMapped<impl::kernels::GatherGradient<value_type, memory_space>>> m_tab_gather;
+  multi_table<impl::kernels::CopyBlock<factor_type>> m_tab_backup;
+  multi_table<impl::kernels::UnfoldMode<value_type>> m_tab_unfold;
+  multi_table<impl::kernels::CombineJob<value_type, factor_type>> m_tab_combine;
+  multi_table<impl::kernels::FilterAndGraft<value_type, memory_space>> m_tab_filter;
+  multi_table<impl::kernels::UnpackJob<inverse_factor_type, value_type>> m_tab_unpack;
+  multi_table<impl::kernels::CopyBlock<value_type>> m_tab_copy;
+  multi_table<impl::kernels::BlockMapped<impl::kernels::ApplyUpdate<value_type, memory_space>>> m_tab_apply;
+  team_table<impl::kernels::BlockNormJob<value_type>> m_tab_norms;
+  team_table<impl::kernels::MatVecJob<value_type, inverse_factor_type>> m_tab_matvec;
+  team_table<impl::kernels::GraftScaleJob<value_type>> m_tab_scale;
 };
 
 template <class P>

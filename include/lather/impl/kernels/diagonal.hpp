@@ -50,8 +50,11 @@ struct Field {
   T* ptr = nullptr;
   Field() = default;
   template <class V>
+    requires requires(const V& v) { v.data(); }
   Field(const V& view) : ptr(view.data()) {}  // NOLINT(google-explicit-constructor): built from the state's Views
+  KOKKOS_INLINE_FUNCTION Field(T* p) : ptr(p) {}  // NOLINT(google-explicit-constructor): a work buffer's range
   KOKKOS_INLINE_FUNCTION T& operator()(index_type i) const { return ptr[i]; }
+  KOKKOS_INLINE_FUNCTION T* data() const { return ptr; }
 };
 
 /// Adds the number of NaN/Inf elements of `grad` to `counts(slot)`.

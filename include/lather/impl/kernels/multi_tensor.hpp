@@ -20,6 +20,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace lather::impl::kernels {
 
@@ -57,54 +58,36 @@ struct MultiTensorBody {
   }
 };
 
-/// \brief The jobs of one multi-tensor loop: add() one per tensor, then launch(). Its storage
-/// (a table in `MemorySpace` and one in host memory to fill it from) is allocated by reserve(),
-/// so steps allocate nothing.
-///
-/// `Job` must be trivially copyable (it is copied byte for byte into device memory) and callable
-/// as `job(i)` for an element index i in [0, size).
-template <class ExecSpace, class MemorySpace, class Job>
-class MultiTensorTable {
-  static_assert(std::is_trivially_copyable_v<Job>, "lather: a multi-tensor job must be trivially copyable");
-  using entry_type = MultiTensorEntry<Job>;
+/// \brief A table of trivially copyable entries filled on the host and uploaded to `MemorySpace`
+/// once per launch (the storage of MultiTensorTable and TeamTable). reserve() allocates, so
+/// steps allocate nothing.
+template <class ExecSpace, class MemorySpace, class Entry>
+class UploadedTable {
+  static_assert(std::is_trivially_copyable_v<Entry>, "lather: a table's job must be trivially copyable");
 
  public:
-  /// Room for `n` jobs (allocates; call it outside step()).
+  /// Room for `n` entries (allocates; call it outside step()).
   void reserve(std::size_t n) {
     if (n <= m_host.extent(0)) return;
-    m_device = Kokkos::View<entry_type*, MemorySpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs"), n);
-    m_host = Kokkos::View<entry_type*, Kokkos::HostSpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs_host"), n);
-  }
-  void clear() {
-    m_count = 0;
-    m_chunks = 0;
+    m_device = Kokkos::View<Entry*, MemorySpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs"), n);
+    m_host = Kokkos::View<Entry*, Kokkos::HostSpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs_host"), n);
   }
   [[nodiscard]] std::size_t size() const { return m_count; }
   [[nodiscard]] bool empty() const { return m_count == 0; }
-  [[nodiscard]] std::int64_t chunks() const { return m_chunks; }
 
-  /// Adds a tensor of `size` elements; an empty tensor adds nothing. At most reserve()'s n jobs.
-  void add(const Job& job, std::int64_t size) {
-    if (size <= 0) return;
+ protected:
+  void push(const Entry& e) {
     LATHER_THROW_RUNTIME_IF(m_count >= m_host.extent(0), "lather: internal error: multi-tensor table full (", m_count,
                     " jobs); reserve() room for every tensor first");
-    m_host(m_count) = entry_type{job, size, m_chunks};
+    m_host(m_count) = e;
     ++m_count;
-    m_chunks += (size + multi_tensor_chunk_elements - 1) / multi_tensor_chunk_elements;
   }
-
-  /// \brief Copies the table to `MemorySpace` and queues one kernel on `space` that runs every
-  /// job on every element of its tensor. `label` must outlive the call (a LATHER_LABEL or a
-  /// member: a label built per launch allocates).
-  ///
-  /// Synchronization: the kernel is asynchronous with respect to the host. The table's copy is
-  /// from pageable host memory: CUDA returns once it has staged the bytes (the host table may be
-  /// refilled right away); elsewhere the copy is fenced before returning, so the next step cannot
-  /// overwrite bytes still being read.
-  void launch(const std::string& label, const ExecSpace& space) {
-    if (m_count == 0) return;
-    LATHER_THROW_IF(m_chunks > std::numeric_limits<int>::max(), "lather: ", m_chunks,
-                    " chunks exceed a Kokkos league; split the parameters over several optimizers");
+  void reset() { m_count = 0; }
+  /// The filled entries in `MemorySpace`, their copy queued on `space`. The copy is from pageable
+  /// host memory: CUDA returns once it has staged the bytes (the host table may be refilled right
+  /// away); elsewhere the copy is fenced before returning, so a refill cannot overwrite bytes
+  /// still being read.
+  Kokkos::View<const Entry*, MemorySpace> upload(const ExecSpace& space) {
     const std::pair<std::size_t, std::size_t> used(0, m_count);
     const auto device = Kokkos::subview(m_device, used);
     constexpr bool same_memory = std::is_same_v<typename decltype(m_device)::memory_space, Kokkos::HostSpace>;
@@ -118,15 +101,81 @@ class MultiTensorTable {
       if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
 #endif
     }
+    return device;
+  }
+
+ private:
+  Kokkos::View<Entry*, MemorySpace> m_device;
+  Kokkos::View<Entry*, Kokkos::HostSpace> m_host;
+  std::size_t m_count = 0;
+};
+
+/// \brief The jobs of one multi-tensor loop: add() one per tensor, then launch().
+///
+/// `Job` must be trivially copyable (it is copied byte for byte into device memory) and callable
+/// as `job(i)` for an element index i in [0, size).
+template <class ExecSpace, class MemorySpace, class Job>
+class MultiTensorTable : public UploadedTable<ExecSpace, MemorySpace, MultiTensorEntry<Job>> {
+  using base = UploadedTable<ExecSpace, MemorySpace, MultiTensorEntry<Job>>;
+
+ public:
+  void clear() {
+    base::reset();
+    m_chunks = 0;
+  }
+  [[nodiscard]] std::int64_t chunks() const { return m_chunks; }
+
+  /// Adds a tensor of `size` elements; an empty tensor adds nothing. At most reserve()'s n jobs.
+  void add(const Job& job, std::int64_t size) {
+    if (size <= 0) return;
+    base::push(MultiTensorEntry<Job>{job, size, m_chunks});
+    m_chunks += (size + multi_tensor_chunk_elements - 1) / multi_tensor_chunk_elements;
+  }
+
+  /// \brief Copies the table to `MemorySpace` and queues one kernel on `space` that runs every
+  /// job on every element of its tensor. `label` must outlive the call (a LATHER_LABEL or a
+  /// member: a label built per launch allocates). Asynchronous with respect to the host (see
+  /// UploadedTable::upload for the table's copy).
+  void launch(const std::string& label, const ExecSpace& space) {
+    if (base::empty()) return;
+    LATHER_THROW_IF(m_chunks > std::numeric_limits<int>::max(), "lather: ", m_chunks,
+                    " chunks exceed a Kokkos league; split the parameters over several optimizers");
+    const auto device = base::upload(space);
     Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(m_chunks), Kokkos::AUTO),
                          MultiTensorBody<ExecSpace, MemorySpace, Job>{device});
   }
 
  private:
-  Kokkos::View<entry_type*, MemorySpace> m_device;
-  Kokkos::View<entry_type*, Kokkos::HostSpace> m_host;
-  std::size_t m_count = 0;
   std::int64_t m_chunks = 0;
+};
+
+/// \brief The team body of TeamTable: entry e runs as `job(team)` in team e.
+template <class ExecSpace, class MemorySpace, class Job>
+struct TeamTableBody {
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  Kokkos::View<const Job*, MemorySpace> jobs;
+  KOKKOS_FUNCTION void operator()(const member_type& team) const { jobs(team.league_rank())(team); }
+};
+
+/// \brief Jobs that each take one team (a reduction or a small product per block): add() one per
+/// block, then launch() one kernel with a team per job. `Job` is trivially copyable and callable
+/// as `job(team)` with a TeamPolicy member of `ExecSpace`.
+template <class ExecSpace, class MemorySpace, class Job>
+class TeamTable : public UploadedTable<ExecSpace, MemorySpace, Job> {
+  using base = UploadedTable<ExecSpace, MemorySpace, Job>;
+
+ public:
+  void clear() { base::reset(); }
+  void add(const Job& job) { base::push(job); }
+  /// One kernel, a team per job; asynchronous as MultiTensorTable::launch.
+  void launch(const std::string& label, const ExecSpace& space) {
+    if (base::empty()) return;
+    LATHER_THROW_IF(base::size() > static_cast<std::size_t>(std::numeric_limits<int>::max()), "lather: ", base::size(),
+                    " blocks exceed a Kokkos league; split the parameters over several optimizers");
+    const auto device = base::upload(space);
+    Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(base::size()), Kokkos::AUTO),
+                         TeamTableBody<ExecSpace, MemorySpace, Job>{device});
+  }
 };
 
 }  // namespace lather::impl::kernels

@@ -35,7 +35,9 @@ struct BlockedIndex {
   std::int64_t grid[max_tensor_rank] = {};    // blocks per dimension
   std::int64_t block_size = 1;
   bool identity = false;  // one block: blocked order is the row-major order itself
-  Kokkos::View<const std::int64_t*, MemorySpace> block_begin;
+  // The begins' device array, owned by the optimizer's parameter state (a pointer, not a View:
+  // the index is part of trivially copyable multi-tensor jobs).
+  Field<const std::int64_t> block_begin;
 
   KOKKOS_FUNCTION std::int64_t operator()(std::int64_t flat) const {
     if (identity) return flat;
@@ -158,7 +160,7 @@ template <class T, class MemorySpace>
 struct GatherGradient {
   TensorRef<const T, MemorySpace> grad;
   TensorRef<T, MemorySpace> param;
-  Kokkos::View<T*, MemorySpace> out;
+  Field<T> out;
   T l2_weight_decay;
   KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
     T g = grad[i];
@@ -451,10 +453,10 @@ struct CopyBlock {
 ///   out = graft(Gbar) when grafting is used directly, else Gbar
 template <class T, class MemorySpace>
 struct FilterAndGraft {
-  Kokkos::View<const T*, MemorySpace> grad;
-  Kokkos::View<T*, MemorySpace> filtered;   // empty when beta1 == 0
-  Kokkos::View<T*, MemorySpace> graft_state;  // empty without a stateful grafting method
-  Kokkos::View<T*, MemorySpace> out;
+  Field<const T> grad;
+  Field<T> filtered;     // empty when beta1 == 0
+  Field<T> graft_state;  // empty without a stateful grafting method
+  Field<T> out;
   T beta1, one_minus_beta1, beta3, one_minus_beta3, bias_correction1;
   bool use_beta1, separate_beta3, use_bias_correction;
   GraftScalars<T> graft;
@@ -478,6 +480,18 @@ struct FilterAndGraft {
   }
 };
 
+/// One element's share of a block's squared norm of graft(x).
+template <class T>
+KOKKOS_INLINE_FUNCTION double block_norm_term(T x, T v, const GraftScalars<T>& graft, bool graft_has_state) {
+  const T y = graft_direction(x, v, graft, graft_has_state);
+  return double(y) * double(y);
+}
+/// The grafting factor of a block from its two squared norms: ||graft(Gbar)|| / (||P|| + 1e-16).
+template <class T>
+KOKKOS_INLINE_FUNCTION T graft_ratio(double graft_sq, double direction_sq) {
+  return T(math::sqrt(graft_sq) / (math::sqrt(direction_sq) + 1e-16));
+}
+
 /// Per block: the squared Frobenius norm of graft(x) (or of x when `graft_has_state` is false)
 /// into norms(block, column).
 template <class T, class MemorySpace, class ExecSpace>
@@ -498,10 +512,10 @@ struct BlockNorms {
         sum);
     Kokkos::single(Kokkos::PerTeam(team), [&]() { norms(b, column) = sum; });
   }
-  /// One element's share (also the fused host path's, which must give the same bits).
+  /// One element's share (also the fused host path's and the batched passes', which must give
+  /// the same bits).
   KOKKOS_INLINE_FUNCTION static double term(T x, T v, const GraftScalars<T>& graft, bool graft_has_state) {
-    const T y = graft_direction(x, v, graft, graft_has_state);
-    return double(y) * double(y);
+    return block_norm_term(x, v, graft, graft_has_state);
   }
 };
 
@@ -646,9 +660,7 @@ struct HostBlockNorms : BlockNorms<T, MemorySpace, Kokkos::DefaultHostExecutionS
 template <class T, class MemorySpace, class ExecSpace>
 struct GraftScale {
   /// The factor from the two squared norms (shared with the fused host path).
-  KOKKOS_INLINE_FUNCTION static T ratio_of(double graft_sq, double direction_sq) {
-    return T(math::sqrt(graft_sq) / (math::sqrt(direction_sq) + 1e-16));
-  }
+  KOKKOS_INLINE_FUNCTION static T ratio_of(double graft_sq, double direction_sq) { return graft_ratio<T>(graft_sq, direction_sq); }
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   Kokkos::View<T*, MemorySpace> direction;
   Kokkos::View<const std::int64_t*, MemorySpace> block_begin;
@@ -667,8 +679,8 @@ struct GraftScale {
 template <class T, class MemorySpace>
 struct ApplyUpdate {
   TensorRef<T, MemorySpace> param;
-  Kokkos::View<const T*, MemorySpace> direction;
-  Kokkos::View<T*, MemorySpace> momentum_buffer;  // empty without momentum
+  Field<const T> direction;
+  Field<T> momentum_buffer;  // empty without momentum
   T decay, momentum, one_minus_dampening, lr;
   bool use_momentum, nesterov;
   T* delta_out = nullptr;  // DDP: the update goes to delta_out[i] (all-gathered), W is not written

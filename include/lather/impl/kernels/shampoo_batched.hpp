@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief Private. The jobs of Shampoo's batched passes (Shampoo::set_batched_passes): each pass
+/// of a step (gather, factor combine, filtering, norms, 1-D products, graft scale, update) as one
+/// kernel over every block of every parameter, through the tables of kernels/multi_tensor.hpp.
+///
+/// Why: on a GPU the per-parameter kernels are launches per parameter and per block; resnet50 at
+/// block size 256 ran 2967 kernels a steady step on the H200 of the fourteenth #7 round, at 1% of
+/// its SGEMM rate (docs/performance.md, "On a GPU"). The arithmetic of each element is the
+/// per-parameter kernels' (shared functions), so the two paths differ only where the products'
+/// summation order does.
+#ifndef LATHER_IMPL_KERNELS_SHAMPOO_BATCHED_HPP
+#define LATHER_IMPL_KERNELS_SHAMPOO_BATCHED_HPP
+
+#include <lather/impl/kernels/shampoo.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace lather::impl::kernels {
+
+/// Runs an element-wise blocked functor (apply(flat, blocked)) over one block: element q of the
+/// block (blocked position begin + q) is the parameter's row-major element origin + sum_j l_j
+/// stride_j, with l the block-local coordinates of q over the block's extents. One division per
+/// dimension after the first, in 32 bits where the block fits (BlockedIndex's general form took
+/// two 64-bit divisions per dimension and a lookup: a quarter of a batched gpt2-block step at
+/// block size 256 on a CPU, in gather and update).
+template <class Op>
+struct BlockMapped {
+  Op op;
+  std::int64_t begin = 0, origin = 0;
+  int rank = 0;
+  bool small = true;  // every local index below 2^32
+  std::int64_t ext[max_tensor_rank] = {}, stride[max_tensor_rank] = {};
+  KOKKOS_FUNCTION void operator()(std::int64_t q) const {
+    std::int64_t flat = origin;
+    if (small) {
+      std::uint32_t t = static_cast<std::uint32_t>(q);
+      for (int j = rank - 1; j > 0; --j) {
+        const auto e = static_cast<std::uint32_t>(ext[j]);
+        const std::uint32_t next = t / e;
+        flat += static_cast<std::int64_t>(t - next * e) * stride[j];
+        t = next;
+      }
+      if (rank > 0) flat += static_cast<std::int64_t>(t) * stride[0];
+    } else {
+      std::int64_t t = q;
+      for (int j = rank - 1; j > 0; --j) {
+        const std::int64_t next = t / ext[j];
+        flat += (t - next * ext[j]) * stride[j];
+        t = next;
+      }
+      if (rank > 0) flat += t * stride[0];
+    }
+    op.apply(flat, begin + q);
+  }
+};
+
+/// L = beta2 L + w S for one factor, element e = i d + j of d x d: S from the lower triangle of a
+/// column-major Gram matrix (FactorCombine's rounding) or, with `gram` null, S = x x^T of a
+/// one-dimensional block (RankOneCombineRows' rounding: x_i x_j once in T). Packed storage skips
+/// the lower triangle.
+template <class T, class F>
+struct CombineJob {
+  const T* gram = nullptr;
+  const T* x = nullptr;
+  SymmetricStorage<F> factor;
+  F beta2, weight;
+  bool scale;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const {
+    const std::int64_t d = factor.d, i = e / d, j = e - i * d;
+    if (factor.packed && i > j) return;
+    const std::int64_t lo = i < j ? i : j, hi = i < j ? j : i;
+    const T s = gram != nullptr ? gram[hi + lo * d] : T(x[i] * x[j]);
+    F& l = factor(i, j);
+    l = (scale ? l * beta2 : l) + weight * F(s);
+  }
+};
+
+/// A packed symmetric matrix in full (d x d, the same in either layout), element e = i d + j.
+template <class F, class T>
+struct UnpackJob {
+  SymmetricStorage<F> in;
+  T* out;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const {
+    const std::int64_t i = e / in.d, j = e - i * in.d;
+    out[e] = T(in(i, j));
+  }
+};
+
+/// y = P x for a one-dimensional block, one team: y_i over the team's threads, each summing
+/// P(j, i) x_j in j order (P symmetric; thread i reads column i, so neighbouring threads read
+/// neighbouring elements of full storage).
+template <class T, class F>
+struct MatVecJob {
+  SymmetricStorage<F> p;
+  const T* x;
+  T* y;
+  template <class Member>
+  KOKKOS_FUNCTION void operator()(const Member& team) const {
+    const std::int64_t d = p.d;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, d), [&](std::int64_t i) {
+      T s = 0;
+      for (std::int64_t j = 0; j < d; ++j) s += T(p(j, i)) * x[j];
+      y[i] = s;
+    });
+  }
+};
+
+/// *out = the squared norm of graft(x) over one block's n elements (of x when `has_state` is
+/// false), one team (BlockNorms' terms).
+template <class T>
+struct BlockNormJob {
+  const T* x;
+  const T* v;
+  std::int64_t n;
+  double* out;
+  GraftScalars<T> graft;
+  bool has_state;
+  template <class Member>
+  KOKKOS_FUNCTION void operator()(const Member& team) const {
+    double sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, n),
+        [&](std::int64_t q, double& acc) { acc += block_norm_term(x[q], has_state ? v[q] : T(0), graft, has_state); }, sum);
+    Kokkos::single(Kokkos::PerTeam(team), [&]() { *out = sum; });
+  }
+};
+
+/// x *= graft_ratio(norms[0], norms[1]) over one block, one team (GraftScale's arithmetic).
+template <class T>
+struct GraftScaleJob {
+  T* x;
+  std::int64_t n;
+  const double* norms;
+  template <class Member>
+  KOKKOS_FUNCTION void operator()(const Member& team) const {
+    const T ratio = graft_ratio<T>(norms[0], norms[1]);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](std::int64_t q) { x[q] = x[q] * ratio; });
+  }
+};
+
+}  // namespace lather::impl::kernels
+
+#endif
