@@ -1377,10 +1377,12 @@ class Shampoo {
     if (!amortized_here) {
       // Nothing can fail after the checks: one pass per parameter (or per block, fused; or one
       // over all parameters, batched).
-      if (batched) {
-        batched_factors(space, g, false);
-        batched_direction(space, g);
-        return;
+      if constexpr (batched_kind) {  // not instantiated for policies the batched passes do not cover
+        if (batched) {
+          batched_factors(space, g, false);
+          batched_direction(space, g);
+          return;
+        }
       }
       if (fused) {
         run_fused(space, g, true, true, false);
@@ -1398,7 +1400,8 @@ class Shampoo {
     // Amortized step, in phases so that an error leaves everything as it was.
     // Phase A: factor statistics of every parameter, with the previous factors backed up.
     if (fused) run_fused(space, g, true, false, true);
-    if (batched) batched_factors(space, g, true);
+    if constexpr (batched_kind)
+      if (batched) batched_factors(space, g, true);
     for (std::size_t i = 0; i < m_params.size() && !fused && !batched; ++i) {
       if (!computes(i, g)) continue;
       gather(space, i, g[i]);
@@ -1479,7 +1482,8 @@ class Shampoo {
     // Phase D: filtering, grafting, direction, update (the blocked gradient is gathered again:
     // the shared buffer holds the last parameter's).
     if (fused) run_fused(space, g, false, true, false);
-    if (batched) batched_direction(space, g);
+    if constexpr (batched_kind)
+      if (batched) batched_direction(space, g);
     for (std::size_t i = 0; i < m_params.size() && !fused && !batched; ++i) {
       if (!computes(i, g)) continue;
       gather(space, i, g[i]);
