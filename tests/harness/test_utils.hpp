@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -106,6 +107,19 @@ inline double max_rel_diff(const std::vector<double>& a, const std::vector<doubl
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
     m = std::max(m, std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), floor));
   return m;
+}
+
+/// The floating-point exceptions (FE_* bits) `f` raises in the calling thread. The harness's traps
+/// are off meanwhile (feholdexcept: non-stop mode, flags cleared), and the environment, traps and
+/// flags included, is restored afterwards.
+template <class F>
+int raised_fp_exceptions(F&& f) {
+  std::fenv_t env;
+  std::feholdexcept(&env);
+  f();
+  const int raised = std::fetestexcept(FE_ALL_EXCEPT);
+  std::fesetenv(&env);
+  return raised;
 }
 
 }  // namespace lather::test

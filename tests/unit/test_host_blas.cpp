@@ -17,6 +17,7 @@
 #include <lather/optimizers/adam.hpp>
 #include <lather/optimizers/shampoo.hpp>
 #include <lather/root_inverse/auto_root_inverse.hpp>
+#include <lather/root_inverse/coupled_higher_order.hpp>
 #include <lather/root_inverse/coupled_newton.hpp>
 #include <lather/root_inverse/eigen_root_inverse.hpp>
 
@@ -601,6 +602,16 @@ TEST_CASE_TEMPLATE_DEFINE("host BLAS: no heap allocation in a host product or a 
     REQUIRE(by_newton.uses_newton<ExecSpace>(64, 2.0));
     REQUIRE(lather::is_usable(by_newton.compute(space, cspd, 2.0, 1e-6, x)));
     CHECK(heap_allocations([&] { (void)by_newton.compute(space, cspd, 2.0, 1e-6, x); }) == 0);
+
+    // The coupled higher-order iteration likewise (its series' coefficients are recomputed where
+    // used, not a table per call): an integer and a fractional root (X^q powered at the end).
+    const lather::CoupledHigherOrderRootInverse higher{.rel_epsilon = 0.0, .abs_epsilon = 1e-6};
+    for (const double root : {2.0, 2.5}) {
+      CAPTURE(root);
+      REQUIRE(lather::is_usable(higher.compute(space, cspd, root, 1e-6, x)));
+      CHECK(heap_allocations([&] { (void)higher.compute(space, cspd, root, 1e-6, x); }) == 0);
+      CHECK(heap_allocations([&] { (void)higher.compute(space, cs13, root, 1e-6, x13); }) == 0);
+    }
   }
 }
 TEST_CASE_TEMPLATE_APPLY(no_allocation, lather_test_exec_spaces);
@@ -659,9 +670,8 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
     CHECK(shampoo.state_dict().tensors.size() > 0);  // (state still readable after the counted steps)
 
     // Roots by coupled Newton (AutoRootInverse with Newton at every size, the device default).
-    // Epsilon above the float rounding of these rank-13 factors (about 1e-5 of their norm):
-    // below it Newton diverges on the eigenvalues rounded under zero, and its overflow would
-    // trip the harness's FE_INVALID trap before AutoRootInverse falls back.
+    // Epsilon above the float rounding of these rank-13 factors (about 1e-5 of their norm), so
+    // that Newton converges; the case below it follows.
     lather::ShampooOptions on = o;
     on.epsilon = 1e-2;
     lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, lather::AutoRootInverse, lather::AdamGrafting> by_newton(
@@ -671,6 +681,18 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
     for (int t = 1; t <= 5; ++t) by_newton.step(space, grads);
     CHECK(heap_allocations([&] { by_newton.step(space, grads); }) == 0);  // step 6: roots recomputed
     CHECK(by_newton.last_step_info().amortized);
+    // Epsilon 1e-6: Newton diverges on the eigenvalues rounded under zero and stops before
+    // anything overflows (CoupledNewtonRootInverse::divergence_bound), so the harness's
+    // FE_INVALID trap stays quiet, and AutoRootInverse falls back to the eigendecomposition:
+    // the root steps succeed and allocate nothing after the first.
+    lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, lather::AutoRootInverse, lather::AdamGrafting> falls_back(
+        std::span<lather::TensorRef<float, Space>>(params), o,
+        lather::AutoRootInverse{.newton = {.max_iterations = 200}, .newton_min_dim_host = 0},
+        lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
+    for (int t = 1; t <= 5; ++t) falls_back.step(space, grads);
+    CHECK(heap_allocations([&] { falls_back.step(space, grads); }) == 0);  // step 6: roots recomputed
+    CHECK(falls_back.last_step_info().amortized);
+    CHECK(falls_back.last_step_info().root_computations_not_converged == 0);
 
     lather::AdamW<lather::TensorRef<float, Space>, ExecSpace> adamw(std::span<lather::TensorRef<float, Space>>(params),
                                                                     lather::AdamWOptions{.lr = 1e-3});

@@ -36,6 +36,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -1054,6 +1055,44 @@ void impl_test_auto() {
     lather::AutoRootInverse no_fallback = always;
     no_fallback.fallback_to_eigen = false;
     CHECK(run<ExecSpace, float>(no_fallback, a, 4.0, 1e-6).status == RootInverseStatus::non_finite);
+  }
+  {
+    // Newton stops as soon as it diverges (divergence_bound), before anything overflows: no
+    // FE_OVERFLOW or FE_INVALID in this thread (the products run here), so a trainer that traps
+    // FE_INVALID (as this harness does) gets the fallback instead of SIGFPE. Six eigenvalues
+    // below zero (rank 7 of 13, as rounding leaves a rank-deficient float factor), by 1e-5 of the
+    // largest (clear of float's rounding, which could lift them above zero) up to 3x the largest;
+    // roots 2, 4 and 8; float and double. Shown to fail when the bound is infinite (the former
+    // rule, stop on overflow): FE_OVERFLOW and FE_INVALID raised.
+    for (const ld below : {1e-5L, 1e-3L, 0.5L}) {
+      std::vector<ld> d = log_spectrum(13, 1.0L, 1e3L);
+      for (std::size_t i = 7; i < 13; ++i) d[i] = -below * static_cast<ld>(i - 6);
+      const Mat a = from_spectrum(q, d);
+      for (const double root : {2.0, 4.0, 8.0}) {
+        CAPTURE(static_cast<double>(below));
+        CAPTURE(root);
+        Result f, dbl;
+        const int raised_f = lather::test::raised_fp_exceptions([&] { f = run<ExecSpace, float>(newton, a, root, 0.0); });
+        const int raised_d = lather::test::raised_fp_exceptions([&] { dbl = run<ExecSpace, double>(newton, a, root, 0.0); });
+        CHECK(f.status == RootInverseStatus::non_finite);
+        CHECK(dbl.status == RootInverseStatus::non_finite);
+        CHECK((raised_f & (FE_OVERFLOW | FE_INVALID)) == 0);
+        CHECK((raised_d & (FE_OVERFLOW | FE_INVALID)) == 0);
+        // The fallback's result is the eigendecomposition's, bit for bit.
+        Result by_auto;
+        const int raised_auto =
+            lather::test::raised_fp_exceptions([&] { by_auto = run<ExecSpace, float>(always, a, root, 1e-6); });
+        CHECK((raised_auto & FE_INVALID) == 0);
+        CHECK(same_bits(by_auto, run<ExecSpace, float>(eigen, a, root, 1e-6)));
+      }
+    }
+    // A positive definite matrix as ill-conditioned as float allows (1e6) still converges: the
+    // bound does not cut a converging iteration short.
+    const Mat hard = from_spectrum(q, log_spectrum(13, 1.0L, 1e6L));
+    for (const double root : {2.0, 4.0, 8.0}) {
+      CAPTURE(root);
+      CHECK(run<ExecSpace, double>(newton, hard, root, 0.0).status == RootInverseStatus::success);
+    }
   }
   CHECK_THROWS_WITH_AS((lather::AutoRootInverse{.newton_min_dim_host = -1}.validate()),
                        Contains("'newton_min_dim_host'"), lather::invalid_argument);

@@ -19,7 +19,6 @@
 #include <optional>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace lather {
 
@@ -99,8 +98,8 @@ struct Rational {
 ///
 /// Runs on `space` like CoupledNewtonRootInverse (gemm through Kokkos Kernels, one reduction per
 /// iteration, `space` fenced before returning). Its eight n x n work matrices are kept in the
-/// object as CoupledNewtonRootInverse's (`work_matrices`); the series' coefficients are a small
-/// host vector per call.
+/// object as CoupledNewtonRootInverse's (`work_matrices`), and the series' coefficients are
+/// recomputed where used: repeated calls allocate nothing.
 struct CoupledHigherOrderRootInverse {
   /// Relative perturbation: adds rel_epsilon * lambda_max. Required (no default, as in the
   /// reference): NaN means "not set" and fails validation. Finite, >= 0.
@@ -125,6 +124,11 @@ struct CoupledHigherOrderRootInverse {
 
   /// Throws lather::invalid_argument naming the first invalid option.
   void validate() const {
+    // compute() validates on every call: the valid case builds no message (allocates nothing).
+    const auto finite_at_least_zero = [](double v) { return std::isfinite(v) && v >= 0.0; };
+    if (finite_at_least_zero(rel_epsilon) && finite_at_least_zero(abs_epsilon) && max_iterations >= 1 &&
+        finite_at_least_zero(tolerance) && order >= 2)
+      return;
     const impl::OptionCheck check("CoupledHigherOrderRootInverse", "");
     check.require(!std::isnan(rel_epsilon),
                   "option 'rel_epsilon' is required (it has no default, as in the reference)");
@@ -197,15 +201,18 @@ struct CoupledHigherOrderRootInverse {
     const auto p = static_cast<long long>(r.p), q = static_cast<long long>(r.q);
     const double pd = static_cast<double>(p);
 
-    // Coefficients of the series of (1 - x)^(-1/p), rounded to C like the reference's b tensor.
-    std::vector<C> b(static_cast<std::size_t>(order));
-    b[0] = C(1);
-    double numerator = 1, denominator = 1;
-    for (int i = 1; i < order; ++i) {
-      numerator *= 1.0 + (i - 1) * pd;
-      denominator *= i * pd;
-      b[static_cast<std::size_t>(i)] = static_cast<C>(numerator / denominator);
-    }
+    // Coefficient b_i of the series of (1 - x)^(-1/p), rounded to C like the reference's b tensor.
+    // Recomputed where needed (order^2 / 2 scalar steps, the same double operations in the same
+    // order, so the same bits as a table) instead of a heap-allocated table per call: a root step
+    // allocates nothing after the first (the work matrices are kept as well).
+    const auto b = [pd](int i) {
+      double numerator = 1, denominator = 1;
+      for (int j = 1; j <= i; ++j) {
+        numerator *= 1.0 + (j - 1) * pd;
+        denominator *= j * pd;
+      }
+      return i == 0 ? C(1) : static_cast<C>(numerator / denominator);
+    };
 
     // The only largest-eigenvalue estimate is the infinity norm (no power iteration).
     const double lambda_max = ops.max_abs_row_sum(a);
@@ -242,10 +249,9 @@ struct CoupledHigherOrderRootInverse {
     bool early_stop = false;
     while (std::isfinite(error) && error > tolerance && iteration < max_iterations) {
       ++iteration;
-      const auto last = static_cast<std::size_t>(order - 1);
-      ops.horner_start(base, mp, m, b[last], b[last - 1]);
+      ops.horner_start(base, mp, m, b(order - 1), b(order - 2));
       for (int i = order - 3; i >= 0; --i) {  // Mp = b_i I + Mp B
-        ops.scaled_identity(product, static_cast<double>(b[static_cast<std::size_t>(i)]));
+        ops.scaled_identity(product, static_cast<double>(b(i)));
         ops.multiply(mp, base, product, C(1), C(1));
         std::swap(mp, product);
       }

@@ -30,8 +30,9 @@ namespace lather {
 /// `Mp^p` by binary powering. Status: `success` when err <= tolerance, `max_iterations_reached`
 /// when the loop ends by its count (X is still returned, as the reference only warns), `non_finite`
 /// when A has NaN/Inf (the reference iterates on NaN and returns NaN; X is filled with NaN), when
-/// A_r = 0 (z is infinite; X filled with +infinity), when M or X overflow (X filled with NaN), and
-/// `failed` when ||A_r||_F overflows double.
+/// A_r = 0 (z is infinite; X filled with +infinity), when the iteration diverges (err above
+/// `divergence_bound` after an iteration: A_r not positive definite; X filled with NaN, before
+/// anything overflows) or X overflows, and `failed` when ||A_r||_F overflows double.
 ///
 /// Runs on `space`: element-wise kernels and reductions are queued there, the products go through
 /// `KokkosBlas::gemm` on `ExecSpace`. Every iteration waits for one reduction (the error), and
@@ -51,6 +52,14 @@ struct CoupledNewtonRootInverse {
 
   /// The largest root accepted.
   static constexpr double max_root = 2147483647.0;
+  /// \brief After an iteration, max_ij |M - I| above this means divergence (status `non_finite`).
+  ///
+  /// Why 2: z puts M's first eigenvalues in (0, (p + 1) / 2] for a positive definite A_r, and one
+  /// iteration m -> m (1 + (1 - m) / p)^p maps (0, p + 1) into (0, 1], so a converging M - I has
+  /// spectral norm (which bounds every entry) at most 1 from the first iteration on. An entry
+  /// above 2 needs an eigenvalue below -1 (or above 3), which grows by at least (1 + 2/p)^p > 2
+  /// per iteration and never comes back: such an iteration can only end in overflow or NaN.
+  static constexpr double divergence_bound = 2.0;
 
   /// Throws lather::invalid_argument naming the first invalid option.
   void validate() const {
@@ -135,9 +144,12 @@ struct CoupledNewtonRootInverse {
       ops.multiply(mp_power, m, product);
       std::swap(m, product);
       error = ops.max_abs_minus_identity(m);
-      // M overflowed (the error maps NaN/Inf to +infinity): the reference would go on with NaN and
-      // return a NaN X; lather stops here.
-      if (!std::isfinite(error)) {
+      // Diverging (an eigenvalue of A_r at or below zero: rounding leaves them in rank-deficient
+      // float factors) or overflowed (the error maps NaN/Inf to +infinity). The reference goes on
+      // until M holds NaN and returns a NaN X; lather stops at once, before the products overflow
+      // (their inf - inf would raise FE_INVALID and trap under feenableexcept, and wastes the
+      // iterations AutoRootInverse's fallback needs). See divergence_bound.
+      if (!(error <= divergence_bound)) {
         ops.fill(x, std::numeric_limits<T>::quiet_NaN());
         return RootInverseStatus::non_finite;
       }
