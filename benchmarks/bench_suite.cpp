@@ -584,6 +584,7 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   state.counters["state_MB"] = bytes * 1e-6;
   state.counters["ref_state_MB"] = w.reference_packed * 1e-6;
   state.counters["batched_launches/step"] = static_cast<double>(opt.last_step_info().batched_launches);
+  state.counters["wide_blocks/step"] = static_cast<double>(opt.last_step_info().wide_blocks);
   const std::string other = other_passes ? (opt.batched_passes() ? "_batched" : "_per_parameter") : "";
   results()[shampoo_key<Strategy>(set, max_dim, root_step) + other] = {
       t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos, best,

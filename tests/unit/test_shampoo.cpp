@@ -374,7 +374,8 @@ void impl_test_vector_blocks(bool packed, bool fused) {
 // filtering, norms, products, update in one thread, blocks of all parameters side by side) unless
 // set_block_concurrency(false) selects the per-parameter kernels. Same operations per element,
 // same BLAS calls, same norm summation order: the same bits, root steps (factor backups)
-// included. Covered: 2-D, 3-D (middle dimension), 1-D and scalar blocks of unequal sizes, a
+// included (these blocks are small enough that the per-parameter kernels do not split their
+// products either; impl_test_balanced_wide covers those that are split). Covered: 2-D, 3-D (middle dimension), 1-D and scalar blocks of unequal sizes, a
 // LayoutLeft parameter and gradient (the element-wise fallbacks), a parameter without a gradient
 // on some steps, a parameter whose one block dominates (the wide path inside a fused step on 2
 // threads: products and, at 38400 elements, element passes split over the threads), blocks
@@ -486,6 +487,67 @@ void impl_test_block_concurrency() {
     impl_test_fused_blocks<T, ExecSpace, lather::AdamGrafting>(forms[static_cast<std::size_t>(v)], v);
   impl_test_fused_blocks<T, ExecSpace, lather::SGDGrafting>(forms[2], 2);
   impl_test_fused_blocks<T, ExecSpace, lather::NoGrafting>(forms[3], 3);
+}
+
+// The fused host path's balancing (balance_fused): three equal blocks of (300, 260) on 2
+// threads leave one thread idle for a third of the step when each is a task, so one of them runs
+// wide (all threads, products split) and the other two side by side. The wide block has the
+// same bits as the per-parameter kernels, whose products are split alike, on steady and root
+// steps; on 1 thread every block does. No wide block on 1 thread (nothing to balance) or 3 (one
+// block per thread). Shown to fail when the greedy never moves a block (wide_blocks 0 on 2
+// threads, and the first parameter's bits differ).
+template <class T, class ExecSpace>
+void impl_test_balanced_wide() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size();
+  auto run = [&](bool fused) {
+    std::vector<Kokkos::View<T**, Kokkos::LayoutRight, M>> w, g;
+    std::vector<P> params, grads;
+    for (int i = 0; i < 3; ++i) {
+      w.emplace_back("w", 300, 260);
+      g.emplace_back("g", 300, 260);
+      params.push_back(lather::tensor_ref(w.back()));
+      grads.push_back(lather::tensor_ref(g.back()));
+      lather::test::from_host(params.back(), lather::test::random_values(300 * 260, 40 + i));
+    }
+    const lather::ShampooOptions o{.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 300,
+                                   .precondition_frequency = 2};
+    lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<T>> opt(
+        params, o, {}, {});
+    opt.set_block_concurrency(fused);
+    for (int t = 1; t <= 4; ++t) {
+      for (int i = 0; i < 3; ++i)
+        lather::test::from_host(grads[static_cast<std::size_t>(i)], lather::test::random_values(300 * 260, 100 * t + i));
+      opt.step(ExecSpace(), grads);
+      CAPTURE(t);
+      const auto& info = opt.last_step_info();
+      constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible;
+      if (fused && host_space) {
+        const std::int64_t phases = info.amortized ? 2 : 1;  // root steps: factors, then directions
+        CHECK(info.fused_blocks == 3 * phases);
+        CHECK(info.wide_blocks == (threads == 2 ? phases : 0));
+      }
+    }
+    std::vector<std::vector<double>> out;
+    for (const auto& p : params) out.push_back(lather::test::to_host(p));
+    return out;
+  };
+  const auto fused = run(true), per_parameter = run(false);
+  for (std::size_t i = 0; i < fused.size(); ++i) {
+    CAPTURE(i);
+    if (threads == 1 || (threads == 2 && i == 0)) {
+      CHECK(fused[i] == per_parameter[i]);
+      continue;
+    }
+    // A block run as a task calls the BLAS whole where the per-parameter kernels split its
+    // products over the threads, and OpenBLAS rounds a split product differently: a few units in
+    // the last place (seen: 3.6e-7 in float, 6.7e-16 in double, parameters of magnitude ~1).
+    const double tolerance = std::is_same_v<T, float> ? 4e-6 : 1e-14;
+    double diff = 0;
+    for (std::size_t k = 0; k < fused[i].size(); ++k) diff = std::max(diff, std::abs(fused[i][k] - per_parameter[i][k]));
+    CHECK(diff <= tolerance);
+  }
 }
 
 // The batched passes (set_batched_passes: each pass of a step one kernel over every block of
@@ -1117,6 +1179,13 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: blocks side by side on host threads give the
   impl_test_block_concurrency<float, ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_concurrency, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: the fused host path runs blocks wide where the threads would idle", ExecSpace,
+                          shampoo_balanced_wide) {
+  impl_test_balanced_wide<float, ExecSpace>();
+  impl_test_balanced_wide<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_balanced_wide, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo: batched passes agree with the per-parameter kernels", ExecSpace, shampoo_batched) {
   impl_test_batched<double, ExecSpace>();

@@ -180,6 +180,7 @@ struct ShampooStepInfo {
   int failed_root_computations = 0;
   int root_computations_not_converged = 0;
   std::int64_t fused_blocks = 0;  ///< blocks that took the fused host path (block tasks)
+  std::int64_t wide_blocks = 0;   ///< of those, blocks run by all threads together (products split)
   std::int64_t roots_side_by_side = 0;  ///< root inverses computed as host tasks
   std::int64_t batched_launches = 0;  ///< kernels the batched passes launched (set_batched_passes)
 };
@@ -417,8 +418,10 @@ class Shampoo {
   /// (one block per thread, each with a single-threaded OpenBLAS; on by default). It applies to
   /// root-inverse and eigendecomposed Shampoo (not KL) with float/double on the host, where the
   /// BLAS is OpenBLAS (its thread count is set to 1 during those products, process-wide, and
-  /// restored). The results are the same bits either way; turn it off if other threads of the
-  /// process run BLAS calls at the same time.
+  /// restored). The results agree either way, bit for bit on one thread and to a few units in
+  /// the last place on several (products the per-parameter kernels split over the threads run
+  /// whole in a block's task); turn it off if other threads of the process run BLAS calls at the
+  /// same time.
   void set_block_concurrency(bool on) noexcept { m_block_concurrency = on; }
   [[nodiscard]] bool block_concurrency() const noexcept { return m_block_concurrency; }
   /// \brief Whether a step runs each of its passes as one kernel over every block of every
@@ -1593,7 +1596,7 @@ class Shampoo {
   // The host BLAS directly for host data, else KokkosBlas::gemm ordered with `space` by fences
   // (impl::kernels::gemm).
   // Host products are split over the space's threads (impl/backends/blas_split.hpp), as the
-  // fused path's are, so both give the same bits.
+  // fused path's wide blocks' are, so both give the same bits there.
   static void gemm(const ExecSpace& space, const char* ta, const char* tb, value_type alpha, const blas_matrix_type& a,
                    const blas_matrix_type& b, value_type beta, const blas_matrix_type& c) {
     if constexpr (host_products) {
@@ -1950,9 +1953,11 @@ class Shampoo {
   // with a single-threaded BLAS. A parameter with a block larger than an equal share of all the
   // work per thread ("wide": mlp's (512, 784) at block size 1024) runs its blocks first, in the
   // calling thread, with each product split over the threads (impl/backends/blas_split.hpp;
-  // OpenBLAS' own threads left asleep, so they do not spin against the tasks that follow). Same
-  // operations per element, same BLAS calls (split alike) and the same summation order for the
-  // norms as the per-parameter path: the same bits (tested).
+  // OpenBLAS' own threads left asleep, so they do not spin against the tasks that follow), and so
+  // do the blocks balance_fused picks. Same operations per element and the same summation order
+  // for the norms as the per-parameter path; the same BLAS calls for wide blocks (split alike)
+  // and for blocks whose products that path does not split: the same bits there (tested). A
+  // task's product the per-parameter path splits differs in the last bits.
   struct FusedTask {
     std::uint32_t param = 0, block = 0;
   };
@@ -2016,11 +2021,77 @@ class Shampoo {
       if (a.first != b.first) return a.first > b.first;
       return a.second.param != b.second.param ? a.second.param < b.second.param : a.second.block < b.second.block;
     });
+    m_fused_wide_tasks.clear();
+    for (std::size_t i = 0; i < m_params.size(); ++i)
+      for (std::size_t b = 0; m_fused_wide[i] && b < m_params[i].blocks.size(); ++b)
+        m_fused_wide_tasks.push_back(FusedTask{static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(b)});
+    std::vector<std::pair<double, FusedTask>> rest;
+    for (const auto& entry : all)
+      if (!m_fused_wide[entry.second.param]) rest.push_back(entry);
+    std::vector<char> eligible(rest.size(), 0);
+    for (std::size_t k = 0; k < rest.size(); ++k)
+      for (const auto e : m_params[rest[k].second.param].blocks[rest[k].second.block].extent)
+        eligible[k] = eligible[k] || e > 256;
+    const std::vector<char> wide_block = balance_fused(rest, eligible, threads);
     m_fused_order.clear();
-    for (const auto& [c, task] : all)
-      if (!m_fused_wide[task.param]) m_fused_order.push_back(task);
+    for (std::size_t k = 0; k < rest.size(); ++k)
+      (wide_block[k] ? m_fused_wide_tasks : m_fused_order).push_back(rest[k].second);
     m_fused_tasks.clear();
     m_fused_tasks.reserve(m_fused_order.size());
+  }
+
+  // Which of the tasks (largest first, as the threads take them) run wide instead, so that the
+  // threads finish together. The threads take the tasks one at a time as they come free (list
+  // scheduling), so a few large blocks near the end leave threads idle: gpt2-block at 1024 on 2
+  // threads is eight blocks of (1024, 768), one of (768, 768) and one of (256, 768), and the
+  // thread that takes the (768, 768) block works 6% past the other (the idle thread's share of
+  // the step, measured with perf: 12%). A wide block takes every thread, before the tasks, at
+  // an assumed wide_efficiency of the threads (its products split at row boundaries, most of its
+  // element passes split too). Greedy: the block whose move shortens the modelled step most,
+  // while the gain is over 1%, among blocks with an extent above 256 (below it a split product
+  // gains 1.05-1.1x on 2 threads).
+  static std::vector<char> balance_fused(const std::vector<std::pair<double, FusedTask>>& tasks,
+                                         const std::vector<char>& eligible, int threads) {
+    constexpr double wide_efficiency = 0.85, min_gain = 0.01;
+    constexpr int max_moves = 16;
+    std::vector<char> wide(tasks.size(), 0);
+    if (threads < 2) return wide;
+    std::vector<double> load(static_cast<std::size_t>(threads));
+    // The modelled time of the tasks that are not wide, `skip` left out too: list scheduling.
+    auto makespan = [&](std::size_t skip) {
+      std::fill(load.begin(), load.end(), 0.0);
+      for (std::size_t k = 0; k < tasks.size(); ++k)
+        if (!wide[k] && k != skip) *std::min_element(load.begin(), load.end()) += tasks[k].first;
+      return *std::max_element(load.begin(), load.end());
+    };
+    const double per_wide = 1.0 / (threads * wide_efficiency);
+    double wide_time = 0, best = makespan(tasks.size());
+    // Candidates: the largest eligible blocks, at least an eighth of a thread's share each (the
+    // small ones fill the gaps anyway), at most max_candidates of them (the plan stays cheap
+    // with many blocks and threads).
+    constexpr std::size_t max_candidates = 32;
+    double total = 0;
+    for (const auto& t : tasks) total += t.first;
+    std::vector<std::size_t> candidates;
+    for (std::size_t k = 0; k < tasks.size() && candidates.size() < max_candidates; ++k)
+      if (eligible[k] && tasks[k].first >= total / threads / 8) candidates.push_back(k);
+    for (int move = 0; move < max_moves; ++move) {
+      std::size_t pick = tasks.size();
+      double pick_time = best * (1.0 - min_gain);
+      for (const std::size_t k : candidates) {
+        if (wide[k]) continue;
+        const double t = wide_time + tasks[k].first * per_wide + makespan(k);
+        if (t < pick_time) {
+          pick_time = t;
+          pick = k;
+        }
+      }
+      if (pick == tasks.size()) break;
+      wide[pick] = 1;
+      wide_time += tasks[pick].first * per_wide;
+      best = pick_time;
+    }
+    return wide;
   }
 
   // One phase of the step for every parameter with a gradient: factor updates (`factors`, with
@@ -2030,15 +2101,13 @@ class Shampoo {
     if constexpr (block_concurrency_possible) {
       const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
       if (threads != m_fused_threads) plan_fused(threads);
-      bool any_wide = false;
-      for (std::size_t i = 0; i < m_params.size(); ++i) {
-        if (!computes(i, g)) continue;
-        if (direction) m_info.grafted = m_info.grafted || uses_graft(m_params[i].group);
-        if (!m_fused_wide[i]) continue;
-        m_info.fused_blocks += static_cast<std::int64_t>(m_params[i].blocks.size());
-        any_wide = true;
-      }
-      if (any_wide) run_wide(space, g, factors, direction, amortize);
+      for (std::size_t i = 0; i < m_params.size(); ++i)
+        if (direction && computes(i, g)) m_info.grafted = m_info.grafted || uses_graft(m_params[i].group);
+      std::int64_t wide = 0;
+      for (const auto& task : m_fused_wide_tasks) wide += computes(task.param, g) ? 1 : 0;
+      m_info.fused_blocks += wide;
+      m_info.wide_blocks += wide;
+      if (wide > 0) run_wide(space, g, factors, direction, amortize);
       m_fused_tasks.clear();
       for (const auto& task : m_fused_order)
         if (computes(task.param, g)) m_fused_tasks.push_back(task);
@@ -2087,11 +2156,11 @@ class Shampoo {
         crew->serve(member.team_rank());
         return;
       }
-      for (std::size_t i = 0; i < self->m_params.size(); ++i) {
-        if (!self->m_fused_wide[i] || !self->computes(i, *g)) continue;
-        auto& p = self->m_params[i];
-        for (std::size_t b = 0; b < p.blocks.size(); ++b)
-          self->fused_block(p, b, (*g)[i], self->fused_buffers(0, p.blocks[b]), factors, direction, amortize, crew);
+      for (const auto& task : self->m_fused_wide_tasks) {
+        if (!self->computes(task.param, *g)) continue;
+        auto& p = self->m_params[task.param];
+        self->fused_block(p, task.block, (*g)[task.param], self->fused_buffers(0, p.blocks[task.block]), factors,
+                          direction, amortize, crew);
       }
       crew->finish();
     }
@@ -3751,8 +3820,9 @@ class Shampoo {
   std::vector<vector_type> m_thread_grad, m_thread_x;       // fused host blocks, threads > 0
   bool m_fused_eligible = false;                            // see fused_possible()
   int m_fused_threads = 0;                                  // what plan_fused() planned for
-  std::vector<char> m_fused_wide;
+  std::vector<char> m_fused_wide;                           // per parameter: all its blocks run wide
   std::vector<FusedTask> m_fused_order, m_fused_tasks;
+  std::vector<FusedTask> m_fused_wide_tasks;  // the blocks that run wide (those parameters' and balance_fused's), in order
   std::vector<std::vector<factor_type>> m_thread_root;  // roots side by side: threads > 0, largest d^2
   std::vector<RootJob> m_root_jobs;
   bool m_roots_reserved = false;
