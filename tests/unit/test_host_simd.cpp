@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The host loops' run-time AVX-512 and AVX forms (impl/kernels/host_simd.hpp) against the scalar
 // kernels, bit for bit: Shampoo's grafting norm (host_block_sq_norm: 8 partial sums, element q
-// into partial q % 8), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each
+// into partial q % 8) and filter loop (host_filter_wide), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each
 // with the wide path taken where the CPU has it, limited to AVX and forced off (the SSE2 / scalar
 // form), at lengths around every vector and tail edge and from unaligned starts; then whole
 // Shampoo and AdamW trajectories on every execution space with the wide path on and off. Exact equality is the claim: IEEE division, square root, sums
@@ -139,6 +139,80 @@ void check_adam_range() {
   }
 }
 
+// Shampoo's filter loop (host_filter_wide: the wide part of the fused host path's filtering,
+// the caller finishing the tail) against FilterAndGraft element by element, in every form the
+// fused path vectorizes (grafting state or not, filtered gradient or not, a separate beta3, bias
+// correction), with the wide path taken, limited to AVX and forced off, at lengths around every
+// vector and tail edge and from unaligned starts. Bits compared (memcmp).
+template <class T, bool State, bool Beta1, bool Beta3, bool Bias>
+void check_filter_form() {
+  for (const std::int64_t n : lengths()) {
+    for (const std::int64_t begin : {std::int64_t{0}, std::int64_t{3}}) {
+      if (begin > n) continue;
+      CAPTURE(State);
+      CAPTURE(Beta1);
+      CAPTURE(Beta3);
+      CAPTURE(Bias);
+      CAPTURE(n);
+      CAPTURE(begin);
+      const auto g = spread<T>(n, 110 + static_cast<std::uint64_t>(n), false);
+      const auto f0 = spread<T>(n, 120 + static_cast<std::uint64_t>(n), false);
+      const auto v0 = spread<T>(n, 130 + static_cast<std::uint64_t>(n), true);
+      const lather::impl::kernels::FilterScalars<T> k{T(0.999), T(0.001), T(0.9), T(0.1), T(0.8), T(0.2), T(0.271)};
+      // 0: FilterAndGraft per element; 1: host_filter_wide and the functor for the rest;
+      // 2: the same forced off; 3: at most AVX
+      auto run = [&](int mode) {
+        std::vector<T> f = f0, v = v0, out(static_cast<std::size_t>(n), T(-7));
+        lather::GraftScalars<T> graft{};
+        graft.beta2 = k.beta2;
+        graft.one_minus_beta2 = k.one_minus_beta2;
+        const lather::impl::kernels::FilterAndGraft<T, Kokkos::HostSpace> functor{
+            g.data(), f.data(), v.data(), out.data(), k.beta1, k.one_minus_beta1, Beta3 ? k.beta3 : k.beta1,
+            Beta3 ? k.one_minus_beta3 : k.one_minus_beta1, k.bias_correction1, Beta1, Beta3, Bias, graft, State, false};
+        std::int64_t q = begin;
+        auto wide = [&] {
+          q += lather::impl::kernels::host_filter_wide<State, Beta1, Beta3, Bias>(
+              g.data() + begin, f.data() + begin, v.data() + begin, out.data() + begin, n - begin, k);
+        };
+        if (mode == 1) {
+          wide();
+        } else if (mode == 2) {
+          const ScopedBaselineSimd off;
+          wide();
+        } else if (mode == 3) {
+          const ScopedSimdLimit at_most(SimdLimit::avx);
+          wide();
+        }
+        for (; q < n; ++q) functor(q);
+        f.insert(f.end(), v.begin(), v.end());
+        f.insert(f.end(), out.begin(), out.end());
+        return f;
+      };
+      const auto expected = run(0);
+      for (const int mode : {1, 2, 3}) {
+        CAPTURE(mode);
+        const auto got = run(mode);
+        REQUIRE(got.size() == expected.size());
+        bool same = true;
+        for (std::size_t i = 0; i < expected.size(); ++i) same = same && std::memcmp(&got[i], &expected[i], sizeof(T)) == 0;
+        CHECK(same);
+      }
+    }
+  }
+}
+
+template <class T>
+void check_filter() {
+  check_filter_form<T, true, true, false, true>();  // Adam grafting, beta1, bias correction (the default)
+  check_filter_form<T, true, true, true, true>();
+  check_filter_form<T, true, true, false, false>();
+  check_filter_form<T, true, true, true, false>();
+  check_filter_form<T, true, false, false, false>();  // beta1 = 0
+  check_filter_form<T, false, true, false, true>();   // SGD or no grafting
+  check_filter_form<T, false, true, true, false>();
+  check_filter_form<T, false, false, false, false>();
+}
+
 // A chunk job (Adagrad, RMSprop) over [begin, n): whole range, whole range limited to AVX, whole
 // range without AVX-512 or AVX, and one element per call (only the scalar tail runs), on copies
 // of the same arrays.
@@ -251,6 +325,11 @@ TEST_CASE("host SIMD: the AVX-512 and AVX dispatch follows the CPU and the test 
 TEST_CASE("host SIMD: the grafting norm gives the plain sum's bits with AVX-512, AVX and SSE2") {
   check_sq_norm<float>();
   check_sq_norm<double>();
+}
+
+TEST_CASE("host SIMD: Shampoo's filter loop gives FilterAndGraft's bits with AVX-512, AVX and SSE2") {
+  check_filter<float>();
+  check_filter<double>();
 }
 
 TEST_CASE("host SIMD: Adam's host loop gives the scalar kernel's bits with AVX-512, AVX and SSE2") {

@@ -966,6 +966,63 @@ TEST_CASE_TEMPLATE_DEFINE("root inverse: higher-order orders 2-6 and fractional 
 }
 TEST_CASE_TEMPLATE_APPLY(higher_order_cases, lather_test_exec_spaces);
 
+// The higher-order iteration stops as soon as it diverges (divergence_bound), before anything
+// overflows: status failed (what the true-error check gave before), X not written, and no
+// FE_OVERFLOW or FE_INVALID in this thread (the products run here), so a trainer that traps
+// FE_INVALID (as this harness does) is not killed by SIGFPE. Matrices of 13 with negative
+// eigenvalues (as rounding leaves them in a rank-deficient float factor): six by 1e-5 up to 3x
+// the largest (the Newton test's), six by 0.1 up to 0.6, one at -2; orders 2, 3, 5 and 8; roots
+// 2 to 64 and the fraction 2.5; float and double. Shown to fail with the bound infinite (the
+// former rule: early stop on 1.2x growth, then the true-error check, whose products of the grown
+// X overflowed): FE_OVERFLOW or FE_INVALID raised, 33 failed checks per space.
+TEST_CASE_TEMPLATE_DEFINE("root inverse: the higher-order iteration stops at divergence, before overflow", ExecSpace,
+                          higher_order_divergence) {
+  const Mat q = random_orthogonal(13, 3);
+  std::vector<Mat> diverging;
+  for (const ld below : {1e-5L, 1e-3L, 0.1L, 0.5L}) {
+    std::vector<ld> d = log_spectrum(13, 1.0L, 1e3L);
+    for (std::size_t i = 7; i < 13; ++i) d[i] = -below * static_cast<ld>(i - 6);
+    diverging.push_back(from_spectrum(q, d));
+  }
+  std::vector<ld> one_below = log_spectrum(13, 1.0L, 1e3L);
+  one_below.back() = -2.0L;
+  diverging.push_back(from_spectrum(q, one_below));
+  for (std::size_t k = 0; k < diverging.size(); ++k) {
+    for (const int order : {2, 3, 5, 8}) {
+      for (const double root : {2.0, 2.5, 4.0, 8.0, 16.0, 64.0}) {
+        CAPTURE(k);
+        CAPTURE(order);
+        CAPTURE(root);
+        const auto ho = higher_order(order);
+        Result f, dbl;
+        const int raised_f = lather::test::raised_fp_exceptions([&] { f = run<ExecSpace, float>(ho, diverging[k], root, 0.0); });
+        const int raised_d =
+            lather::test::raised_fp_exceptions([&] { dbl = run<ExecSpace, double>(ho, diverging[k], root, 0.0); });
+        CHECK(f.status == RootInverseStatus::failed);
+        CHECK(dbl.status == RootInverseStatus::failed);
+        CHECK((raised_f & (FE_OVERFLOW | FE_INVALID)) == 0);
+        CHECK((raised_d & (FE_OVERFLOW | FE_INVALID)) == 0);
+        for (const Result* r : {&f, &dbl})  // X not written (run() passes a zero-filled X)
+          for (std::size_t i = 0; i < 13; ++i)
+            for (std::size_t j = 0; j < 13; ++j) CHECK(r->x(i, j) == 0.0L);
+      }
+    }
+  }
+  // Positive definite matrices as ill-conditioned as float allows (1e6), and repeated
+  // eigenvalues, still converge: the bound does not cut a converging iteration short.
+  const Mat hard = from_spectrum(q, log_spectrum(13, 1.0L, 1e6L));
+  const Mat repeated = from_spectrum(q, std::vector<ld>(13, 3.0L));
+  for (const int order : {2, 3, 5, 8}) {
+    for (const double root : {2.0, 2.5, 4.0, 8.0}) {
+      CAPTURE(order);
+      CAPTURE(root);
+      CHECK(run<ExecSpace, double>(higher_order(order), hard, root, 0.0).status == RootInverseStatus::success);
+      CHECK(run<ExecSpace, double>(higher_order(order), repeated, root, 0.0).status == RootInverseStatus::success);
+    }
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(higher_order_divergence, lather_test_exec_spaces);
+
 TEST_CASE_TEMPLATE_DEFINE("root inverse: options, roots, shapes and statuses", ExecSpace, options) {
   impl_test_options<ExecSpace>();
 }

@@ -380,7 +380,8 @@ void impl_test_vector_blocks(bool packed, bool fused) {
 // on some steps, a parameter whose one block dominates (the wide path inside a fused step on 2
 // threads: products and, at 38400 elements, element passes split over the threads), blocks
 // read from the gradient in place (narrower than the parameter, single rows, single columns, 3-D blocks
-// contiguous in the parameter), and the option
+// contiguous in the parameter), 3-D blocks gathered and updated in runs longer than a row (the
+// last dimension whole), and the option
 // forms of the vectorized loops: momentum with and without Nesterov, L2 / decoupled decay,
 // beta1 = 0, a separate beta3, no bias correction, graft-only steps before
 // start_preconditioning_step, iterate averaging, full (unpacked) factors; Adam, SGD and no
@@ -400,8 +401,11 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
     Kokkos::View<T**, Kokkos::LayoutRight, M> big("big", 300, 128), gbig("gbig", 300, 128);
     // At block size 4: blocks (4, 3, 4) and (1, 3, 4), contiguous in the parameter (read in place).
     Kokkos::View<T***, Kokkos::LayoutRight, M> k3("k3", 5, 3, 4), gk3("gk3", 5, 3, 4);
-    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(c), lather::tensor_ref(b), lather::tensor_ref(l),
-                          lather::tensor_ref(s), lather::tensor_ref(k3)};
+    // At block size 4: blocks (4, 4, 3), (4, 2, 3), (1, 4, 3) and (1, 2, 3), gathered, each row
+    // of the first dimension one run of the parameter (the last dimension whole).
+    Kokkos::View<T***, Kokkos::LayoutRight, M> m3("m3", 5, 6, 3), gm3("gm3", 5, 6, 3);
+    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(c),  lather::tensor_ref(b), lather::tensor_ref(l),
+                          lather::tensor_ref(s), lather::tensor_ref(k3), lather::tensor_ref(m3)};
     if (variant == 1 || variant == 7) params.push_back(lather::tensor_ref(big));
     for (std::size_t i = 0; i < params.size(); ++i)
       lather::test::from_host(params[i], lather::test::random_values(static_cast<std::size_t>(params[i].size()), 60 + i));
@@ -417,8 +421,9 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
       lather::test::from_host(lather::tensor_ref(gs), lather::test::random_values(1, 1100 + t));
       lather::test::from_host(lather::tensor_ref(gbig), lather::test::random_values(38400, 1200 + t));
       lather::test::from_host(lather::tensor_ref(gk3), lather::test::random_values(60, 1300 + t));
-      std::vector<P> grads{lather::tensor_ref(g), lather::tensor_ref(gc), lather::tensor_ref(gb), lather::tensor_ref(gl),
-                           lather::tensor_ref(gs), lather::tensor_ref(gk3)};
+      lather::test::from_host(lather::tensor_ref(gm3), lather::test::random_values(90, 1400 + t));
+      std::vector<P> grads{lather::tensor_ref(g),  lather::tensor_ref(gc),  lather::tensor_ref(gb), lather::tensor_ref(gl),
+                           lather::tensor_ref(gs), lather::tensor_ref(gk3), lather::tensor_ref(gm3)};
       if (variant == 1 || variant == 7) grads.push_back(lather::tensor_ref(gbig));
       if (t == 3) grads[1] = P();  // no gradient for the 3-D parameter on this step
       opt.step(ExecSpace(), grads);

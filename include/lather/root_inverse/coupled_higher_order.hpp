@@ -84,17 +84,20 @@ struct Rational {
 /// eps' = max(rel_epsilon * lambda_max, abs_epsilon);  A_r = A + eps' I   (the optimizer's eps is NOT used)
 /// z = 1 / trace(A_r)  (trace <= 0: failed);  X = z^(1/p) I;  M = z A_r
 /// one Newton step: Mp = (1 + 1/p) I - M/p;  X = X Mp;  M = Mp^p M;  err = max_ij |M - I|;  it = 1
+/// (lather: err > divergence_bound: failed)
 /// while err > tolerance and it < max_iterations:
 ///     B = I - M;  Mp = sum_{i<order} b_i B^i (Horner);  X = X Mp;  M = Mp^p M;  ++it
-///     new = max_ij |M - I|;  if new > 1.2 err or (new == err and err < 1e-3): early stop
+///     new = max_ij |M - I|;  (lather: new > divergence_bound: failed)
+///     if new > 1.2 err or (new == err and err < 1e-3): early stop
 ///     err = new
 /// true_err = max_ij |A_r X^p - I|;  true_err > 0.1: failed
 /// if q > 1: X = X^q;   X not finite: non_finite
 /// ```
 /// Status: `success` (converged or stopped early, which the reference does not warn about),
 /// `max_iterations_reached`, `failed` (the reference's ArithmeticError/ZeroDivisionError cases),
-/// `non_finite` (X has NaN/Inf after powering to q; the reference raises ArithmeticError). A NaN
-/// in M counts as divergence (early stop) and the true-error check then decides.
+/// `non_finite` (X has NaN/Inf after powering to q; the reference raises ArithmeticError).
+/// Divergence (err above divergence_bound, NaN included) is `failed` at once, the status the
+/// true-error check gives it, before the products overflow.
 ///
 /// Runs on `space` like CoupledNewtonRootInverse (gemm through Kokkos Kernels, one reduction per
 /// iteration, `space` fenced before returning). Its eight n x n work matrices are kept in the
@@ -121,6 +124,19 @@ struct CoupledHigherOrderRootInverse {
   static constexpr std::uint64_t max_denominator = 1000;
   /// Smallest and largest root accepted.
   static constexpr double min_root = 1.0 / 1024.0, max_root = 1048576.0;
+  /// \brief After an iteration, max_ij |M - I| above this (or NaN) means divergence: status
+  /// `failed`, X not written.
+  ///
+  /// Why 2 (as CoupledNewtonRootInverse::divergence_bound): z = 1 / trace puts M's eigenvalues in
+  /// (0, 1] for a positive definite A_r; the Newton step keeps them there, and so does each
+  /// higher-order step m -> m f(m)^p, since the truncated series f(m) = sum_{i<order} b_i (1 - m)^i
+  /// has positive terms and stays below m^(-1/p). So a converging M - I has spectral norm (which
+  /// bounds every entry) at most 1. An entry above 2 needs an eigenvalue below -1, which f
+  /// multiplies by more than (1 + 2/p)^p > 2 per step: an iteration that can only end in
+  /// overflow. The reference stops there on its error growth rule (1.2x) and then fails the
+  /// true-error check, whose products of the grown X overflow first (inf - inf raises
+  /// FE_INVALID, a SIGFPE in a trainer that traps it); lather returns `failed` before them.
+  static constexpr double divergence_bound = 2.0;
 
   /// Throws lather::invalid_argument naming the first invalid option.
   void validate() const {
@@ -244,6 +260,7 @@ struct CoupledHigherOrderRootInverse {
     ops.multiply(ops.power(mp, p, scratch1, scratch2), m, product);
     std::swap(m, product);
     double error = ops.max_abs_minus_identity(m);
+    if (!(error <= divergence_bound)) return RootInverseStatus::failed;
     int iteration = 1;
 
     bool early_stop = false;
@@ -260,6 +277,7 @@ struct CoupledHigherOrderRootInverse {
       ops.multiply(ops.power(mp, p, scratch1, scratch2), m, product);
       std::swap(m, product);
       const double new_error = ops.max_abs_minus_identity(m);  // NaN/Inf -> +infinity
+      if (!(new_error <= divergence_bound)) return RootInverseStatus::failed;
       if (new_error > error * 1.2 || (new_error == error && error < 1e-3)) {
         early_stop = true;
         break;

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 // Host-only builds on x86-64 with GCC or clang (GPU builds keep the portable kernels).
 #if defined(__SSE2__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&            \
@@ -167,5 +168,23 @@ struct Avx<double> {
 #endif
 
 }  // namespace lather::impl::kernels::simd_detail
+
+namespace lather::impl::kernels {
+
+/// Asks the cache for the `count` elements at x ahead of writing them (a hint: no effect on the
+/// results; nothing where the compiler has no prefetch builtin). For rows a stride apart, which
+/// the hardware prefetcher does not follow across the gaps.
+template <class T>
+inline void prefetch_for_write(const T* x, std::int64_t count) {
+#if defined(__GNUC__) || defined(__clang__)
+  const char* const c = reinterpret_cast<const char*>(x);
+  const std::int64_t bytes = count * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 1, 3);
+#else
+  (void)x, (void)count;
+#endif
+}
+
+}  // namespace lather::impl::kernels
 
 #endif
