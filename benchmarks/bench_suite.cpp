@@ -16,8 +16,10 @@
 //   - root inverses against a bare LAPACK ssyevd/dsyevd on the same matrix, n = 128 to 2048, and
 //     coupled Newton (the matrix-product strategy) in float and double, n <= 1024.
 // Besides Google Benchmark's report, `--summary=FILE` writes a Markdown summary with the derived
-// ratios and `--plot-data=FILE` the step times per parameter set (for gnuplot); `--smoke` runs one
-// iteration of each (for the CTest smoke test).
+// ratios, `--plot-data=FILE` the step times per parameter set (for gnuplot) and
+// `--target-rows=FILE` one tab-separated line per steady Shampoo cell measured with SGEMM 1024 in
+// the same run (appended; scripts/bench-targets.sh takes the median over repeated runs); `--smoke`
+// runs one iteration of each (for the CTest smoke test).
 #include <lather/impl/backends/blas.hpp>
 #include <lather/impl/backends/lapack.hpp>
 #include <lather/lather.hpp>
@@ -255,6 +257,62 @@ void sgemm(benchmark::State& state, std::int64_t n) {
   state.counters["GFLOP/s"] = flops / best * 1e-9;
   state.counters["GFLOP/s_mean"] = flops / mean * 1e-9;
   results()["sgemm/" + std::to_string(n)] = {best, flops, 0, 0, 0, 0, 0};
+}
+
+// The lower triangle of A^T A ('T', A k x n) or A A^T ('N', A n x k), n = k, single-threaded
+// host BLAS, in the forms a factor update could take: "syrk" (one call, what the step runs),
+// "blocked<b>" (a SYRK per b-wide diagonal block and a GEMM for the rows below it), "panel<b>"
+// (one GEMM per b-wide column panel from its diagonal down: the diagonal blocks' upper halves
+// computed and wasted) and "gemm" (the full product). GFLOP/s counts n^2 k for every form (the
+// SYRK's work), so the forms compare by time. Whether a GEMM-built update beats OpenBLAS' SYRK at
+// the sizes where the SYRK runs below the GEMM's rate (docs/performance.md, nineteenth round).
+void syrk_forms(benchmark::State& state, char trans, std::int64_t n, const std::string& form) {
+  namespace blas = lather::impl::blas;
+  const std::int64_t k = n;
+  const auto a_values = [&] {
+    std::vector<float> v(static_cast<std::size_t>(n * k));
+    std::uint64_t x = 88172645463325252ull;
+    for (auto& e : v) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      e = static_cast<float>(x >> 40) / static_cast<float>(1 << 24) - 0.5f;
+    }
+    return v;
+  }();
+  std::vector<float> c(static_cast<std::size_t>(n * n), 0.0f);
+  const float* a = a_values.data();
+  const bool tr = trans == 'T';
+  const std::int64_t lda = tr ? k : n;
+  // Rows j0 .. n of columns j0 .. j0 + w of C from the columns (rows) of op(A)^T they need.
+  auto gemm_below = [&](std::int64_t i0, std::int64_t j0, std::int64_t m, std::int64_t w) {
+    const float* ai = tr ? a + i0 * lda : a + i0;
+    const float* aj = tr ? a + j0 * lda : a + j0;
+    blas::gemm<float>(tr ? 'T' : 'N', tr ? 'N' : 'T', m, w, k, 1.0f, ai, lda, aj, lda, 0.0f, c.data() + i0 + j0 * n, n);
+  };
+  std::int64_t b = 0;
+  if (form.starts_with("blocked")) b = std::stoll(form.substr(7));
+  if (form.starts_with("panel")) b = std::stoll(form.substr(5));
+  auto run = [&] {
+    if (form == "syrk") {
+      blas::syrk<float>('L', trans, n, k, 1.0f, a, lda, 0.0f, c.data(), n);
+    } else if (form == "gemm") {
+      gemm_below(0, 0, n, n);
+    } else {
+      for (std::int64_t j0 = 0; j0 < n; j0 += b) {
+        const std::int64_t w = std::min(b, n - j0);
+        if (form.starts_with("panel")) {
+          gemm_below(j0, j0, n - j0, w);
+          continue;
+        }
+        const float* aj = tr ? a + j0 * lda : a + j0;
+        blas::syrk<float>('L', trans, w, k, 1.0f, aj, lda, 0.0f, c.data() + j0 + j0 * n, n);
+        if (n > j0 + w) gemm_below(j0 + w, j0, n - j0 - w, w);
+      }
+    }
+  };
+  run();  // warm-up (OpenBLAS' buffers, page faults)
+  double best = 0;
+  timed_loop(state, run, &best);
+  state.counters["GFLOP/s"] = static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(k) / best * 1e-9;
 }
 
 void triad(benchmark::State& state) {
@@ -788,10 +846,24 @@ struct Set {
 };
 int g_iterations_cap = 1 << 30;
 
+// LATHER_BENCH_STEADY_ITERATIONS=n: n timed steady steps per set instead of the defaults (for
+// profiling and A/B runs that want more samples; at most 90, so the steps stay below step 200
+// and none recomputes a root inverse).
+int steady_iterations(int fallback) {
+  const char* e = std::getenv("LATHER_BENCH_STEADY_ITERATIONS");
+  if (e == nullptr || *e == '\0') return fallback;
+  const int n = std::atoi(e);
+  if (n < 1 || n > 90) {
+    std::fprintf(stderr, "LATHER_BENCH_STEADY_ITERATIONS=%s: give a count from 1 to 90\n", e);
+    std::exit(2);
+  }
+  return n;
+}
+
 std::vector<Set> sets() {
-  return {{"mlp", mlp_shapes(), 20, 5},
-          {"gpt2-block", gpt2_block_shapes(), 5, 2},
-          {"resnet50", resnet50_shapes(), 3, 1}};
+  return {{"mlp", mlp_shapes(), steady_iterations(20), 5},
+          {"gpt2-block", gpt2_block_shapes(), steady_iterations(5), 2},
+          {"resnet50", resnet50_shapes(), steady_iterations(3), 1}};
 }
 
 // smoke: one iteration each (the CTest smoke test checks the kinds, not the times).
@@ -813,6 +885,16 @@ void register_all(bool smoke) {
           ->UseManualTime()
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
+  if constexpr (!device_build)
+    for (const char trans : {'T', 'N'})
+      for (const std::int64_t n : {256, 512})
+        for (const char* form : {"syrk", "blocked64", "blocked128", "panel64", "gemm"}) {
+          auto* b = benchmark::RegisterBenchmark(
+              ("syrk_forms/" + std::string(1, trans) + "/" + std::to_string(n) + "/" + form).c_str(), syrk_forms, trans,
+              n, std::string(form));
+          b->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+          if (smoke) b->Iterations(1);
+        }
   benchmark::RegisterBenchmark("stream_triad", triad)
       ->UseManualTime()
       ->Iterations(std::min(20, g_iterations_cap))
@@ -927,6 +1009,30 @@ void register_all(bool smoke) {
 const Result* find(const std::string& k) {
   const auto it = results().find(k);
   return it == results().end() ? nullptr : &it->second;
+}
+
+// threads, set, max dim, mean steady step (ms), best steady step (ms), SGEMM 1024 (GFLOP/s, best
+// iteration), mean step's minimal work against it (%), best step's (%): the 80% target of #7 per
+// cell, for runs repeated by scripts/bench-targets.sh.
+void write_target_rows(const std::string& path, int threads) {
+  const Result* gemm = find("sgemm/1024");
+  if (gemm == nullptr) {
+    std::fprintf(stderr, "--target-rows: no sgemm/1024 in this run (include it in --benchmark_filter)\n");
+    g_failed = true;
+    return;
+  }
+  std::ofstream out(path, std::ios::app);
+  const double gemm_rate = gemm->flops / gemm->seconds;
+  char buf[256];
+  for (const auto& s : sets())
+    for (const std::int64_t dim : {256, 1024}) {
+      const Result* st = find("shampoo/" + s.name + "/" + std::to_string(dim) + "/steady");
+      if (st == nullptr || st->seconds <= 0) continue;
+      std::snprintf(buf, sizeof buf, "%d\t%s\t%lld\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\n", threads, s.name.c_str(),
+                    static_cast<long long>(dim), st->seconds * 1e3, st->best_seconds * 1e3, gemm_rate * 1e-9,
+                    100.0 * st->flops / st->seconds / gemm_rate, 100.0 * st->flops / st->best_seconds / gemm_rate);
+      out << buf;
+    }
 }
 
 void write_summary(const std::string& path, int threads) {
@@ -1113,7 +1219,7 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard guard(argc, argv);
-  std::string summary, plot_data;
+  std::string summary, plot_data, target_rows;
   bool smoke = false;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
@@ -1122,6 +1228,8 @@ int main(int argc, char** argv) {
       summary = std::string(a.substr(10));
     else if (a.starts_with("--plot-data="))
       plot_data = std::string(a.substr(12));
+    else if (a.starts_with("--target-rows="))
+      target_rows = std::string(a.substr(14));
     else if (a == "--smoke")
       smoke = true;
     else
@@ -1137,6 +1245,7 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   if (!summary.empty()) write_summary(summary, ExecSpace().concurrency());
+  if (!target_rows.empty()) write_target_rows(target_rows, ExecSpace().concurrency());
   if (!plot_data.empty()) {
     std::ofstream out(plot_data);
     out << "# set adamw_ms shampoo256_steady_ms shampoo256_f100_ms shampoo1024_steady_ms "

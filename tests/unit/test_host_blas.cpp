@@ -14,6 +14,7 @@
 #include <lather/impl/backends/blas_split.hpp>
 #include <lather/impl/kernels/matrix_functions.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
+#include <lather/impl/kernels/shampoo_batched.hpp>
 #include <lather/optimizers/adam.hpp>
 #include <lather/optimizers/shampoo.hpp>
 #include <lather/root_inverse/auto_root_inverse.hpp>
@@ -394,6 +395,20 @@ TEST_CASE_TEMPLATE_DEFINE("host BLAS: products split over the space's threads eq
 }
 
 TEST_CASE_TEMPLATE_APPLY(split_products, lather_test_exec_spaces);
+
+TEST_CASE("Shampoo batched kernels: square_index splits e = i d + j in 32 bits below d = 2^16 and in 64 above") {
+  // The combine and unpack jobs' index (kernels/shampoo_batched.hpp): the last element of a
+  // 65535 x 65535 matrix is just below 2^32; from d = 65536 on, e itself needs 64 bits.
+  for (const std::int64_t d : {1, 2, 3, 13, 256, 1024, 65535, 65536, 100000, 3000000})
+    for (const std::int64_t e : {std::int64_t{0}, d - 1, d, d * d / 2 + 7 % d, d * d - d, d * d - 1}) {
+      if (e < 0 || e >= d * d) continue;
+      std::int64_t i = -1, j = -1;
+      lather::impl::kernels::square_index(e, d, i, j);
+      INFO("d=", d, " e=", e);
+      CHECK(i == e / d);
+      CHECK(j == e % d);
+    }
+}
 
 TEST_CASE("Shampoo kernels: row-wise factor combine and triangle unpack equal the element-wise forms, bit for bit") {
   using namespace lather::impl::kernels;

@@ -57,6 +57,21 @@ struct BlockMapped {
   }
 };
 
+/// Row i and column j of element e = i d + j of a d x d matrix: one 32-bit division wherever
+/// d < 2^16 (every index then fits 32 bits), which GPUs run in a few instructions against a
+/// 64-bit division's emulated tens (the combine and unpack passes do one per element).
+KOKKOS_INLINE_FUNCTION void square_index(std::int64_t e, std::int64_t d, std::int64_t& i, std::int64_t& j) {
+  if (d < (std::int64_t{1} << 16)) {
+    const auto ue = static_cast<std::uint32_t>(e), ud = static_cast<std::uint32_t>(d);
+    const std::uint32_t ui = ue / ud;
+    i = ui;
+    j = ue - ui * ud;
+  } else {
+    i = e / d;
+    j = e - i * d;
+  }
+}
+
 /// L = beta2 L + w S for one factor, element e = i d + j of d x d: S from the lower triangle of a
 /// column-major Gram matrix (FactorCombine's rounding) or, with `gram` null, S = x x^T of a
 /// one-dimensional block (RankOneCombineRows' rounding: x_i x_j once in T). Packed storage skips
@@ -69,7 +84,9 @@ struct CombineJob {
   F beta2, weight;
   bool scale;
   KOKKOS_FUNCTION void operator()(std::int64_t e) const {
-    const std::int64_t d = factor.d, i = e / d, j = e - i * d;
+    const std::int64_t d = factor.d;
+    std::int64_t i, j;
+    square_index(e, d, i, j);
     if (factor.packed && i > j) return;
     const std::int64_t lo = i < j ? i : j, hi = i < j ? j : i;
     const T s = gram != nullptr ? gram[hi + lo * d] : T(x[i] * x[j]);
@@ -84,7 +101,8 @@ struct UnpackJob {
   SymmetricStorage<F> in;
   T* out;
   KOKKOS_FUNCTION void operator()(std::int64_t e) const {
-    const std::int64_t i = e / in.d, j = e - i * in.d;
+    std::int64_t i, j;
+    square_index(e, in.d, i, j);
     out[e] = T(in(i, j));
   }
 };
