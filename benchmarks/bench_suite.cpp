@@ -214,6 +214,93 @@ LaunchCounts count_launches(int steps, F&& step) {
 
 using Clock = std::chrono::steady_clock;
 
+// LATHER_BENCH_KERNEL_PROFILE=FILE: after each steady Shampoo benchmark, one more step with every
+// Kokkos kernel and deep copy fenced before and after and timed by name (Kokkos Tools begin/end
+// callbacks), appended to FILE as a Markdown table. The fences serialize the step (its total is
+// longer than the benchmark's), but on a GPU the question is where a latency-bound step goes:
+// kernels (launch and run), copies to and from the host, or the rest (the BLAS calls between
+// kernels, which the next fence waits for, and host code).
+struct KernelTime {
+  std::int64_t count = 0;
+  double seconds = 0;
+};
+std::map<std::string, KernelTime> g_kernel_times;
+std::vector<std::string> g_profile_names;
+std::vector<Clock::time_point> g_profile_starts;
+Clock::time_point g_copy_start;
+void profile_begin(const char* name, std::uint32_t, std::uint64_t* id) {
+  Kokkos::fence();
+  *id = g_profile_names.size();
+  g_profile_names.emplace_back(name);
+  g_profile_starts.push_back(Clock::now());
+}
+void profile_end(std::uint64_t id) {
+  Kokkos::fence();
+  auto& k = g_kernel_times[g_profile_names[id]];
+  ++k.count;
+  k.seconds += std::chrono::duration<double>(Clock::now() - g_profile_starts[id]).count();
+}
+void profile_copy_begin(Kokkos::Profiling::SpaceHandle, const char*, const void*, Kokkos::Profiling::SpaceHandle,
+                        const char*, const void*, std::uint64_t) {
+  Kokkos::fence();
+  g_copy_start = Clock::now();
+}
+void profile_copy_end() {
+  Kokkos::fence();
+  auto& k = g_kernel_times["(deep_copy)"];
+  ++k.count;
+  k.seconds += std::chrono::duration<double>(Clock::now() - g_copy_start).count();
+}
+void set_profile_callbacks(bool on) {
+  namespace T = Kokkos::Tools::Experimental;
+  T::set_begin_parallel_for_callback(on ? profile_begin : nullptr);
+  T::set_begin_parallel_reduce_callback(on ? profile_begin : nullptr);
+  T::set_begin_parallel_scan_callback(on ? profile_begin : nullptr);
+  T::set_end_parallel_for_callback(on ? profile_end : nullptr);
+  T::set_end_parallel_reduce_callback(on ? profile_end : nullptr);
+  T::set_end_parallel_scan_callback(on ? profile_end : nullptr);
+  T::set_begin_deep_copy_callback(on ? profile_copy_begin : nullptr);
+  T::set_end_deep_copy_callback(on ? profile_copy_end : nullptr);
+}
+template <class F>
+void profile_kernels(const std::string& benchmark_name, F&& step) {
+  const char* file = std::getenv("LATHER_BENCH_KERNEL_PROFILE");
+  if (file == nullptr || *file == '\0') return;
+  g_kernel_times.clear();
+  g_profile_names.clear();
+  g_profile_starts.clear();
+  set_profile_callbacks(true);
+  Kokkos::fence();
+  const auto t0 = Clock::now();
+  step();
+  Kokkos::fence();
+  const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+  set_profile_callbacks(false);
+  std::vector<std::pair<std::string, KernelTime>> rows(g_kernel_times.begin(), g_kernel_times.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double counted = 0;
+  std::int64_t launches = 0;
+  for (const auto& [name, k] : rows) {
+    counted += k.seconds;
+    launches += k.count;
+  }
+  FILE* out = std::fopen(file, "a");
+  if (out == nullptr) {
+    std::fprintf(stderr, "LATHER_BENCH_KERNEL_PROFILE=%s: cannot open the file\n", file);
+    return;
+  }
+  std::fprintf(out, "\n### %s\n\nOne step, every kernel and copy fenced: %.3f ms; %lld kernels and copies %.3f ms "
+               "(%.1f%%); the rest (BLAS between kernels, host code) %.3f ms (%.1f%%).\n\n"
+               "| kernel | calls | ms | share |\n| --- | ---: | ---: | ---: |\n",
+               benchmark_name.c_str(), total * 1e3, static_cast<long long>(launches), counted * 1e3,
+               100 * counted / total, (total - counted) * 1e3, 100 * (total - counted) / total);
+  for (std::size_t i = 0; i < rows.size() && i < 20; ++i)
+    std::fprintf(out, "| %s | %lld | %.3f | %.1f%% |\n", rows[i].first.c_str(),
+                 static_cast<long long>(rows[i].second.count), rows[i].second.seconds * 1e3,
+                 100 * rows[i].second.seconds / total);
+  std::fclose(out);
+}
+
 // Times each iteration by hand (steps fence inside), reports manual time, keeps the mean (and
 // the fastest iteration in `best` where asked).
 template <class F>
@@ -644,6 +731,8 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   state.counters["batched_launches/step"] = static_cast<double>(opt.last_step_info().batched_launches);
   state.counters["wide_blocks/step"] = static_cast<double>(opt.last_step_info().wide_blocks);
   const std::string other = other_passes ? (opt.batched_passes() ? "_batched" : "_per_parameter") : "";
+  if (!root_step)
+    profile_kernels(shampoo_key<Strategy>(set, max_dim, root_step) + other, [&] { opt.step(space, model.grads); });
   results()[shampoo_key<Strategy>(set, max_dim, root_step) + other] = {
       t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos, best,
       launches.kernels, launches.deep_copies};

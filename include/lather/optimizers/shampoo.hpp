@@ -3036,7 +3036,7 @@ class Shampoo {
   }
 
   void allocate_batched(std::int64_t pool_elements) {
-    std::int64_t total = 0, blocks = 0, factors = 0, pool = 0, max_d2 = 0;
+    std::int64_t total = 0, blocks = 0, factors = 0, pool = 0, max_d2 = 0, chunks = 0;
     std::size_t max_rank = 0;
     m_batch_offset.assign(m_params.size(), 0);
     m_batch_first_block.assign(m_params.size(), 0);
@@ -3047,6 +3047,7 @@ class Shampoo {
       total += p.local_numel;
       blocks += static_cast<std::int64_t>(p.blocks.size());
       for (const auto& blk : p.blocks) {
+        chunks += chunked_table<impl::kernels::NormChunkJob<value_type>>::chunks_of(numel_of(blk.extent));
         max_rank = std::max(max_rank, blk.factors.size());
         for (const auto& f : blk.factors) {
           if (!f.preconditioned) continue;
@@ -3095,6 +3096,8 @@ class Shampoo {
       m_batch_pool = vector_type("lather::Shampoo::batched_pool", pool);
     if (static_cast<std::int64_t>(m_batch_norms.extent(0)) < 2 * std::max<std::int64_t>(blocks, 1))
       m_batch_norms = Kokkos::View<double*, memory_space>("lather::Shampoo::batched_norms", 2 * std::max<std::int64_t>(blocks, 1));
+    if (static_cast<std::int64_t>(m_batch_partials.extent(0)) < std::max<std::int64_t>(chunks, 1))
+      m_batch_partials = Kokkos::View<double*, memory_space>("lather::Shampoo::batched_norm_partials", std::max<std::int64_t>(chunks, 1));
     const auto np = m_params.size(), nb = static_cast<std::size_t>(blocks), nf = static_cast<std::size_t>(factors);
     m_batch_cur.reserve(nb);
     m_batch_scalars.reserve(np);
@@ -3108,6 +3111,7 @@ class Shampoo {
     m_tab_copy.reserve(nb);
     m_tab_apply.reserve(nb);
     m_tab_norms.reserve(nb);
+    m_tab_norm_sums.reserve(nb);
     m_tab_matvec.reserve(nb);
     m_tab_scale.reserve(nb);
   }
@@ -3242,9 +3246,11 @@ class Shampoo {
     const value_type* const grad = m_batch_grad.data();
     value_type* const work = m_batch_work.data();
     double* const norms = m_batch_norms.data();
+    double* const partials = m_batch_partials.data();
     m_batch_scalars.clear();
     m_tab_filter.clear();
     m_tab_norms.clear();
+    m_tab_norm_sums.clear();
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       auto& p = m_params[i];
       m_batch_scalars.push_back(step_scalars(p));
@@ -3258,14 +3264,17 @@ class Shampoo {
       if (!Grafting::enabled || sc.graft_now) continue;
       for (std::size_t b = 0; b < p.blocks.size(); ++b) {
         const auto& blk = p.blocks[b];
-        const std::int64_t gb = m_batch_first_block[i] + static_cast<std::int64_t>(b);
-        m_tab_norms.add({work + m_batch_offset[i] + blk.begin,
-                         Grafting::has_state ? p.graft_state.data() + blk.begin : nullptr, numel_of(blk.extent),
-                         norms + 2 * gb, sc.graft, Grafting::has_state});
+        const std::int64_t gb = m_batch_first_block[i] + static_cast<std::int64_t>(b), n = numel_of(blk.extent);
+        const std::int64_t first = m_tab_norms.add({work + m_batch_offset[i] + blk.begin,
+                                                    Grafting::has_state ? p.graft_state.data() + blk.begin : nullptr,
+                                                    partials, sc.graft, Grafting::has_state},
+                                                   n);
+        m_tab_norm_sums.add({partials, first, m_tab_norms.chunks_of(n), norms + 2 * gb});
       }
     }
     batch_launch(m_tab_filter, LATHER_LABEL("lather::Shampoo::batched_filter"), space);
     batch_launch(m_tab_norms, LATHER_LABEL("lather::Shampoo::batched_graft_norms"), space);
+    batch_launch(m_tab_norm_sums, LATHER_LABEL("lather::Shampoo::batched_graft_norm_sums"), space);
     // The products, round k over every block's dimension k, each block alternating between its
     // range of the direction buffer and of the gradient buffer (free after the filtering).
     m_batch_cur.clear();
@@ -3318,6 +3327,7 @@ class Shampoo {
     // grafting: ||P|| per block and the scale.
     m_tab_copy.clear();
     m_tab_norms.clear();
+    m_tab_norm_sums.clear();
     m_tab_scale.clear();
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       if (!computes(i, g) || m_batch_scalars[i].graft_now) continue;
@@ -3329,13 +3339,15 @@ class Shampoo {
         const value_type* const cur = m_batch_cur[static_cast<std::size_t>(gb)];
         if (cur != x) m_tab_copy.add({cur, x}, n);
         if constexpr (Grafting::enabled) {
-          m_tab_norms.add({x, nullptr, n, norms + 2 * gb + 1, m_batch_scalars[i].graft, false});
-          m_tab_scale.add({x, n, norms + 2 * gb});
+          const std::int64_t first = m_tab_norms.add({x, nullptr, partials, m_batch_scalars[i].graft, false}, n);
+          m_tab_norm_sums.add({partials, first, m_tab_norms.chunks_of(n), norms + 2 * gb + 1});
+          m_tab_scale.add({x, norms + 2 * gb}, n);
         }
       }
     }
     batch_launch(m_tab_copy, LATHER_LABEL("lather::Shampoo::batched_copy"), space);
     batch_launch(m_tab_norms, LATHER_LABEL("lather::Shampoo::batched_direction_norms"), space);
+    batch_launch(m_tab_norm_sums, LATHER_LABEL("lather::Shampoo::batched_direction_norm_sums"), space);
     batch_launch(m_tab_scale, LATHER_LABEL("lather::Shampoo::batched_graft_scale"), space);
     m_tab_apply.clear();
     for (std::size_t i = 0; i < m_params.size(); ++i) {
@@ -3872,9 +3884,12 @@ class Shampoo {
   using multi_table = impl::kernels::MultiTensorTable<ExecSpace, memory_space, Job>;
   template <class Job>
   using team_table = impl::kernels::TeamTable<ExecSpace, memory_space, Job>;
+  template <class Job>
+  using chunked_table = impl::kernels::ChunkedTeamTable<ExecSpace, memory_space, Job>;
   bool m_batched = false;
   vector_type m_batch_grad, m_batch_work, m_batch_pool;  // all parameters' blocked gradient and direction
   Kokkos::View<double*, memory_space> m_batch_norms;     // per block: ||graft(Gbar)||^2, ||P||^2
+  Kokkos::View<double*, memory_space> m_batch_partials;  // per chunk of every block: a norm's partial sum
   std::vector<std::int64_t> m_batch_offset, m_batch_first_block;  // per piece
   std::int64_t m_batch_pool_used = 0;
   std::size_t m_batch_max_rank = 0;
@@ -3890,9 +3905,10 @@ class Shampoo {
   multi_table<impl::kernels::UnpackJob<inverse_factor_type, value_type>> m_tab_unpack;
   multi_table<impl::kernels::CopyBlock<value_type>> m_tab_copy;
   multi_table<impl::kernels::BlockMapped<impl::kernels::ApplyUpdate<value_type, memory_space>>> m_tab_apply;
-  team_table<impl::kernels::BlockNormJob<value_type>> m_tab_norms;
+  chunked_table<impl::kernels::NormChunkJob<value_type>> m_tab_norms;
+  team_table<impl::kernels::NormSumJob> m_tab_norm_sums;
   team_table<impl::kernels::MatVecJob<value_type, inverse_factor_type>> m_tab_matvec;
-  team_table<impl::kernels::GraftScaleJob<value_type>> m_tab_scale;
+  chunked_table<impl::kernels::GraftScaleJob<value_type>> m_tab_scale;
 };
 
 template <class P>

@@ -45,16 +45,37 @@ struct MultiTensorBody {
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t c = team.league_rank();
+    const MultiTensorEntry<Job>& e = entries(chunk_entry(entries, c));
+    const std::int64_t begin = (c - e.first_chunk) * multi_tensor_chunk_elements;
+    const std::int64_t end = begin + multi_tensor_chunk_elements < e.size ? begin + multi_tensor_chunk_elements : e.size;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::int64_t i) { e.job(i); });
+  }
+  /// The entry of chunk c: the last whose first chunk is <= c (binary search).
+  template <class Entries>
+  KOKKOS_INLINE_FUNCTION static std::int64_t chunk_entry(const Entries& entries, std::int64_t c) {
     std::int64_t lo = 0, hi = static_cast<std::int64_t>(entries.extent(0));
-    while (hi - lo > 1) {  // the last entry whose first chunk is <= c
+    while (hi - lo > 1) {
       const std::int64_t mid = lo + (hi - lo) / 2;
       if (entries(mid).first_chunk <= c) lo = mid;
       else hi = mid;
     }
-    const MultiTensorEntry<Job>& e = entries(lo);
+    return lo;
+  }
+};
+
+/// \brief The team body of ChunkedTeamTable: chunk c runs as job(team, begin, end, c) over its
+/// tensor's elements [begin, end).
+template <class ExecSpace, class MemorySpace, class Job>
+struct ChunkedTeamBody {
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  Kokkos::View<const MultiTensorEntry<Job>*, MemorySpace> entries;
+
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    const std::int64_t c = team.league_rank();
+    const MultiTensorEntry<Job>& e = entries(MultiTensorBody<ExecSpace, MemorySpace, Job>::chunk_entry(entries, c));
     const std::int64_t begin = (c - e.first_chunk) * multi_tensor_chunk_elements;
     const std::int64_t end = begin + multi_tensor_chunk_elements < e.size ? begin + multi_tensor_chunk_elements : e.size;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::int64_t i) { e.job(i); });
+    e.job(team, begin, end, c);
   }
 };
 
@@ -110,12 +131,11 @@ class UploadedTable {
   std::size_t m_count = 0;
 };
 
-/// \brief The jobs of one multi-tensor loop: add() one per tensor, then launch().
-///
-/// `Job` must be trivially copyable (it is copied byte for byte into device memory) and callable
-/// as `job(i)` for an element index i in [0, size).
-template <class ExecSpace, class MemorySpace, class Job>
-class MultiTensorTable : public UploadedTable<ExecSpace, MemorySpace, MultiTensorEntry<Job>> {
+/// \brief Tensors cut into chunks of multi_tensor_chunk_elements, one team per chunk, in one
+/// kernel whose team body is `Body` (MultiTensorBody or ChunkedTeamBody): the storage and launch
+/// of MultiTensorTable and ChunkedTeamTable.
+template <class ExecSpace, class MemorySpace, class Job, class Body>
+class ChunkTable : public UploadedTable<ExecSpace, MemorySpace, MultiTensorEntry<Job>> {
   using base = UploadedTable<ExecSpace, MemorySpace, MultiTensorEntry<Job>>;
 
  public:
@@ -124,30 +144,45 @@ class MultiTensorTable : public UploadedTable<ExecSpace, MemorySpace, MultiTenso
     m_chunks = 0;
   }
   [[nodiscard]] std::int64_t chunks() const { return m_chunks; }
-
-  /// Adds a tensor of `size` elements; an empty tensor adds nothing. At most reserve()'s n jobs.
-  void add(const Job& job, std::int64_t size) {
-    if (size <= 0) return;
-    base::push(MultiTensorEntry<Job>{job, size, m_chunks});
-    m_chunks += (size + multi_tensor_chunk_elements - 1) / multi_tensor_chunk_elements;
+  /// Chunks of a tensor of `size` elements.
+  [[nodiscard]] static std::int64_t chunks_of(std::int64_t size) {
+    return size <= 0 ? 0 : (size + multi_tensor_chunk_elements - 1) / multi_tensor_chunk_elements;
   }
 
-  /// \brief Copies the table to `MemorySpace` and queues one kernel on `space` that runs every
-  /// job on every element of its tensor. `label` must outlive the call (a LATHER_LABEL or a
-  /// member: a label built per launch allocates). Asynchronous with respect to the host (see
-  /// UploadedTable::upload for the table's copy).
+  /// Adds a tensor of `size` elements (an empty one adds nothing; at most reserve()'s n jobs);
+  /// returns the index of its first chunk, which is chunks() before the call.
+  std::int64_t add(const Job& job, std::int64_t size) {
+    const std::int64_t first = m_chunks;
+    if (size <= 0) return first;
+    base::push(MultiTensorEntry<Job>{job, size, m_chunks});
+    m_chunks += chunks_of(size);
+    return first;
+  }
+
+  /// \brief Copies the table to `MemorySpace` and queues one kernel on `space`, a team per
+  /// chunk. `label` must outlive the call (a LATHER_LABEL or a member: a label built per launch
+  /// allocates). Asynchronous with respect to the host (see UploadedTable::upload for the
+  /// table's copy).
   void launch(const std::string& label, const ExecSpace& space) {
     if (base::empty()) return;
     LATHER_THROW_IF(m_chunks > std::numeric_limits<int>::max(), "lather: ", m_chunks,
                     " chunks exceed a Kokkos league; split the parameters over several optimizers");
     const auto device = base::upload(space);
     Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(m_chunks), Kokkos::AUTO),
-                         MultiTensorBody<ExecSpace, MemorySpace, Job>{device});
+                         Body{device});
   }
 
  private:
   std::int64_t m_chunks = 0;
 };
+
+/// \brief The jobs of one multi-tensor loop: add() one per tensor, then launch() (one kernel
+/// that runs every job on every element of its tensor).
+///
+/// `Job` must be trivially copyable (it is copied byte for byte into device memory) and callable
+/// as `job(i)` for an element index i in [0, size).
+template <class ExecSpace, class MemorySpace, class Job>
+class MultiTensorTable : public ChunkTable<ExecSpace, MemorySpace, Job, MultiTensorBody<ExecSpace, MemorySpace, Job>> {};
 
 /// \brief The team body of TeamTable: entry e runs as `job(team)` in team e.
 template <class ExecSpace, class MemorySpace, class Job>
@@ -156,6 +191,20 @@ struct TeamTableBody {
   Kokkos::View<const Job*, MemorySpace> jobs;
   KOKKOS_FUNCTION void operator()(const member_type& team) const { jobs(team.league_rank())(team); }
 };
+
+/// \brief Chunks of many tensors, one team each, where the job wants the team (a reduction over
+/// its chunk into a partial per chunk, or a value computed once per team): add() one job per
+/// tensor, then launch() one kernel. Cut like MultiTensorTable; `Job` is trivially copyable and
+/// callable as `job(team, begin, end, chunk)` with a TeamPolicy member of `ExecSpace`, the
+/// chunk's elements [begin, end) of its tensor and the chunk's index among all chunks of the
+/// table (add() returns a tensor's first).
+///
+/// Why not one team per tensor (TeamTable): a team runs on one GPU multiprocessor, so a tensor of
+/// a million elements was read at one multiprocessor's share of the memory bandwidth. On an H100
+/// the batched grafting norms and graft scale, one team per block, were 80% of a steady resnet50
+/// step at block size 1024 (docs/performance.md, "On a GPU").
+template <class ExecSpace, class MemorySpace, class Job>
+class ChunkedTeamTable : public ChunkTable<ExecSpace, MemorySpace, Job, ChunkedTeamBody<ExecSpace, MemorySpace, Job>> {};
 
 /// \brief Jobs that each take one team (a reduction or a small product per block): add() one per
 /// block, then launch() one kernel with a team per job. `Job` is trivially copyable and callable

@@ -126,36 +126,53 @@ struct MatVecJob {
   }
 };
 
-/// *out = the squared norm of graft(x) over one block's n elements (of x when `has_state` is
-/// false), one team (BlockNorms' terms).
+/// The squared norm of graft(x) (of x when `has_state` is false) over one chunk of a block's
+/// elements (BlockNorms' terms), into partials[chunk]; NormSumJob adds a block's partials. A
+/// ChunkedTeamTable job: one team per chunk of 4096 elements, not per block (one team per block
+/// read a block at one GPU multiprocessor's bandwidth).
 template <class T>
-struct BlockNormJob {
+struct NormChunkJob {
   const T* x;
   const T* v;
-  std::int64_t n;
-  double* out;
+  double* partials;
   GraftScalars<T> graft;
   bool has_state;
   template <class Member>
-  KOKKOS_FUNCTION void operator()(const Member& team) const {
+  KOKKOS_FUNCTION void operator()(const Member& team, std::int64_t begin, std::int64_t end, std::int64_t chunk) const {
     double sum = 0;
     Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, n),
+        Kokkos::TeamThreadRange(team, begin, end),
         [&](std::int64_t q, double& acc) { acc += block_norm_term(x[q], has_state ? v[q] : T(0), graft, has_state); }, sum);
-    Kokkos::single(Kokkos::PerTeam(team), [&]() { *out = sum; });
+    Kokkos::single(Kokkos::PerTeam(team), [&]() { partials[chunk] = sum; });
   }
 };
 
-/// x *= graft_ratio(norms[0], norms[1]) over one block, one team (GraftScale's arithmetic).
+/// *out = partials[first] + ... + partials[first + count - 1], in that order (0 for no chunks:
+/// an empty block); one thread of a TeamTable team per block.
+struct NormSumJob {
+  const double* partials;
+  std::int64_t first, count;
+  double* out;
+  template <class Member>
+  KOKKOS_FUNCTION void operator()(const Member& team) const {
+    Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      double s = 0;
+      for (std::int64_t k = 0; k < count; ++k) s += partials[first + k];
+      *out = s;
+    });
+  }
+};
+
+/// x *= graft_ratio(norms[0], norms[1]) over one chunk of a block (GraftScale's arithmetic): the
+/// ratio once per team, a ChunkedTeamTable job.
 template <class T>
 struct GraftScaleJob {
   T* x;
-  std::int64_t n;
   const double* norms;
   template <class Member>
-  KOKKOS_FUNCTION void operator()(const Member& team) const {
+  KOKKOS_FUNCTION void operator()(const Member& team, std::int64_t begin, std::int64_t end, std::int64_t) const {
     const T ratio = graft_ratio<T>(norms[0], norms[1]);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](std::int64_t q) { x[q] = x[q] * ratio; });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](std::int64_t q) { x[q] = x[q] * ratio; });
   }
 };
 
