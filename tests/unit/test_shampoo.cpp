@@ -557,14 +557,16 @@ void impl_test_balanced_wide() {
 
 // The batched passes (set_batched_passes: each pass of a step one kernel over every block of
 // every parameter, the default on device spaces) against the per-parameter kernels. The
-// element-wise arithmetic is shared; the products differ in summation order (general GEMMs and a
-// team matrix-vector product instead of the host's SYMM, SPMV and rank-one rows, the grafting
+// element-wise arithmetic is shared; the products differ in summation order (general GEMMs, run
+// by shape through impl::blas::GemmBatches, and a team reduction per row of a one-dimensional
+// block's matrix-vector product, a block of d = 90 spread over two teams, instead of the host's
+// SYMM, SPMV and rank-one rows, the grafting
 // norms summed per chunk of 4096 elements by a team, then the chunks in order, instead of 8
 // interleaved sums), so results agree to a tolerance, not in
 // bits: double to 1e-9 relative (rounding of ~1e-16 amplified by the inverse roots of
 // rank-deficient factors, epsilon 1e-6), float to 3e-5 absolute on parameters of magnitude ~1
 // after 7 steps of lr 0.01 (seen: up to 1.4e-6; skipping the folds of middle dimensions moves
-// them by 1e-4 to 2e-3). Covered: 1-D blocks of sizes 1, 2, 3, 13, 2-D, 3-D and 4-D blocks
+// them by 1e-4 to 2e-3). Covered: 1-D blocks of sizes 1, 2, 3, 13, 90 (two chunks of its matrix-vector product), 2-D, 3-D and 4-D blocks
 // (middle dimensions unfolded), a scalar, a LayoutLeft parameter, a block of two chunks, a parameter without a gradient
 // on one step, graft-only steps, root steps (factor backups), packed and full factors, a pool of
 // one factor (the queued combines, unpacks and products run every factor), grafting by Adam,
@@ -575,7 +577,7 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<T, M>;
   constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible;
-  const std::vector<std::vector<std::int64_t>> vectors{{1}, {2}, {3}, {13}};
+  const std::vector<std::vector<std::int64_t>> vectors{{1}, {2}, {3}, {13}, {90}};
   auto run = [&](bool batched) {
     Kokkos::View<T**, Kokkos::LayoutRight, M> w("w", 9, 9), g("g", 9, 9);
     Kokkos::View<T***, Kokkos::LayoutRight, M> c("c", 6, 4, 5), gc("gc", 6, 4, 5);
@@ -613,6 +615,7 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
       opt.step(ExecSpace(), grads);
       CAPTURE(t);
       CHECK((opt.last_step_info().batched_launches > 0) == batched);
+      CHECK((opt.last_step_info().batched_gemm_calls > 0) == batched);  // the Gram products at least
       CHECK(opt.last_step_info().fused_blocks == 0);
       max_launches = std::max(max_launches, opt.last_step_info().batched_launches);
     }

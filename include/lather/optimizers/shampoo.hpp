@@ -30,6 +30,7 @@
 #include <lather/impl/kernels/multi_tensor.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
 #include <lather/impl/kernels/shampoo_batched.hpp>
+#include <lather/impl/backends/gemm_batches.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/impl/option_check.hpp>
 #include <lather/io/checkpoint.hpp>
@@ -183,6 +184,9 @@ struct ShampooStepInfo {
   std::int64_t wide_blocks = 0;   ///< of those, blocks run by all threads together (products split)
   std::int64_t roots_side_by_side = 0;  ///< root inverses computed as host tasks
   std::int64_t batched_launches = 0;  ///< kernels the batched passes launched (set_batched_passes)
+  /// BLAS calls for the batched passes' products: one per shape where the BLAS batches them
+  /// (cuBLAS), else one per product
+  std::int64_t batched_gemm_calls = 0;
 };
 }  // namespace impl
 
@@ -2990,8 +2994,9 @@ class Shampoo {
   // the gather, the factor backups, the unfolds of middle dimensions, the factor combines, the
   // filtering, the grafting norms and scale, the one-dimensional blocks' products and the
   // update are one kernel each (tables of trivially copyable jobs, kernels/multi_tensor.hpp); the
-  // Gram and preconditioning products of larger blocks stay one BLAS call per factor, queued
-  // back to back. The gradient and the direction of every parameter have their own ranges of
+  // Gram and preconditioning products of larger blocks are queued and run one batched BLAS call
+  // per shape where the BLAS has one (cuBLAS), else one call per factor
+  // (impl/backends/gemm_batches.hpp). The gradient and the direction of every parameter have their own ranges of
   // two whole-model buffers, so no pass waits for another parameter's. Gram matrices and
   // unpacked inverse factors share a bounded pool: when it is full, the queued combines (or
   // unpacks) run and it is reused.
@@ -3114,6 +3119,48 @@ class Shampoo {
     m_tab_norm_sums.reserve(nb);
     m_tab_matvec.reserve(nb);
     m_tab_scale.reserve(nb);
+    m_gemm_batches.reserve(std::max<std::int64_t>(2 * factors, 1));
+  }
+
+  using gemm_batches_type = impl::blas::GemmBatches<ExecSpace, value_type, memory_space>;
+  // A product for m_gemm_batches, shaped as gemm() reads its views.
+  static typename gemm_batches_type::Product batched_product(char ta, char tb, const blas_matrix_type& a,
+                                                             const blas_matrix_type& b, const blas_matrix_type& c,
+                                                             bool gram = false) {
+    typename gemm_batches_type::Product p;
+    p.ta = ta;
+    p.tb = tb;
+    p.m = static_cast<std::int64_t>(c.extent(0));
+    p.n = static_cast<std::int64_t>(c.extent(1));
+    p.k = static_cast<std::int64_t>(ta == 'N' ? a.extent(1) : a.extent(0));
+    p.a = a.data();
+    p.lda = std::max<std::int64_t>(1, static_cast<std::int64_t>(a.extent(0)));
+    p.b = b.data();
+    p.ldb = std::max<std::int64_t>(1, static_cast<std::int64_t>(b.extent(0)));
+    p.c = c.data();
+    p.ldc = std::max<std::int64_t>(1, p.m);
+    p.gram = gram;
+    return p;
+  }
+  // The Gram product gram_product() would make, queued.
+  void queue_gram(bool transpose_first, const blas_matrix_type& x, const blas_matrix_type& gram) {
+    m_gemm_batches.add(transpose_first ? batched_product('T', 'N', x, x, gram, true)
+                                       : batched_product('N', 'T', x, x, gram, true));
+  }
+  // Runs the queued products: one by one through gemm() / gram_product() (the same calls as
+  // before they were queued) where the BLAS has no batched form.
+  void run_gemm_batches(const ExecSpace& space) {
+    m_info.batched_gemm_calls += m_gemm_batches.run(space, [&](const typename gemm_batches_type::Product& p) {
+      const auto a = blas_matrix(const_cast<value_type*>(p.a), p.lda, p.ta == 'N' ? p.k : p.m);
+      const auto c = blas_matrix(p.c, p.ldc, p.n);
+      if (p.gram) {
+        gram_product(space, p.ta == 'T', a, c);
+        return;
+      }
+      const char ta[2] = {p.ta, '\0'}, tb[2] = {p.tb, '\0'};
+      gemm(space, ta, tb, value_type(1), a, blas_matrix(const_cast<value_type*>(p.b), p.ldb, p.tb == 'N' ? p.n : p.k),
+           value_type(0), c);
+    });
   }
 
   template <class Table>
@@ -3123,8 +3170,10 @@ class Shampoo {
     ++m_info.batched_launches;
   }
 
-  // Combines the factors whose Gram matrices are in the pool; the pool is free again after.
+  // Runs the queued Gram products, then combines the factors whose Gram matrices are in the
+  // pool; the pool is free again after.
   void flush_combines(const ExecSpace& space) {
+    run_gemm_batches(space);
     batch_launch(m_tab_combine, LATHER_LABEL("lather::Shampoo::batched_combine"), space);
     m_tab_combine.clear();
     m_batch_pool_used = 0;
@@ -3134,6 +3183,7 @@ class Shampoo {
   void batched_factors(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g,
                        bool amortize) {
     using impl::kernels::GatherGradient;
+    m_gemm_batches.begin_step();
     m_tab_gather.clear();
     m_tab_backup.clear();
     for (std::size_t i = 0; i < m_params.size(); ++i) {
@@ -3195,14 +3245,16 @@ class Shampoo {
           value_type* const gram = m_batch_pool.data() + m_batch_pool_used;
           m_batch_pool_used += d * d;
           if (outer > 1 && inner > 1)
-            gram_product(space, true, blas_matrix(m_batch_work.data() + m_batch_offset[i] + blk.begin, outer * inner, d),
-                         blas_matrix(gram, d, d));
+            queue_gram(true, blas_matrix(m_batch_work.data() + m_batch_offset[i] + blk.begin, outer * inner, d),
+                       blas_matrix(gram, d, d));
           else
-            gram_product(space, outer == 1, blas_matrix(x, outer == 1 ? inner : d, outer == 1 ? d : outer),
-                         blas_matrix(gram, d, d));
+            queue_gram(outer == 1, blas_matrix(x, outer == 1 ? inner : d, outer == 1 ? d : outer), blas_matrix(gram, d, d));
           m_tab_combine.add({gram, nullptr, f.factor_storage(), fb, fw, beta2 != 1.0}, d * d);
         }
       }
+      // This round's Gram products, before the next round's unfolds overwrite what they read
+      // (the combines wait: their Gram matrices are in the pool).
+      run_gemm_batches(space);
     }
     flush_combines(space);
   }
@@ -3224,18 +3276,18 @@ class Shampoo {
     m_tab_unpack.clear();
     for (const auto& q : m_batch_products) {
       const auto pm = blas_matrix(const_cast<value_type*>(q.pm), q.d, q.d);
-      const char* const keep = q.in_place ? "T" : "N";
+      const char keep = q.in_place ? 'T' : 'N';
       if (q.outer == 1) {
-        gemm(space, "N", keep, value_type(1), blas_matrix(q.cur, q.inner, q.d), pm, value_type(0),
-             blas_matrix(q.other, q.inner, q.d));
+        m_gemm_batches.add(batched_product('N', keep, blas_matrix(q.cur, q.inner, q.d), pm, blas_matrix(q.other, q.inner, q.d)));
       } else if (q.inner == 1) {
-        gemm(space, q.in_place ? "N" : "T", "N", value_type(1), pm, blas_matrix(q.cur, q.d, q.outer), value_type(0),
-             blas_matrix(q.other, q.d, q.outer));
+        m_gemm_batches.add(batched_product(q.in_place ? 'N' : 'T', 'N', pm, blas_matrix(q.cur, q.d, q.outer),
+                                           blas_matrix(q.other, q.d, q.outer)));
       } else {  // unfolded into `other` before: the product back into `cur`, folded into `other` after
-        gemm(space, "N", keep, value_type(1), blas_matrix(q.other, q.outer * q.inner, q.d), pm, value_type(0),
-             blas_matrix(q.cur, q.outer * q.inner, q.d));
+        m_gemm_batches.add(batched_product('N', keep, blas_matrix(q.other, q.outer * q.inner, q.d), pm,
+                                           blas_matrix(q.cur, q.outer * q.inner, q.d)));
       }
     }
+    run_gemm_batches(space);
     m_batch_products.clear();
     m_batch_pool_used = 0;
   }
@@ -3301,7 +3353,7 @@ class Shampoo {
           value_type* const other = other_of(i, blk, cur);
           const auto [outer, d, inner] = unfold(blk.extent, k);
           if (outer * inner == 1) {
-            m_tab_matvec.add({f.inverse_storage(), cur, other});
+            m_tab_matvec.add({f.inverse_storage(), cur, other}, d * d);
             cur = other;
             continue;
           }
@@ -3897,6 +3949,7 @@ class Shampoo {
   std::vector<BlockPlace> m_batch_places;  // per block: where its elements are in the parameter
   std::vector<StepScalars> m_batch_scalars;  // per piece, this step's
   std::vector<BatchedProduct> m_batch_products;
+  gemm_batches_type m_gemm_batches;  // the products of the batched passes, run by shape
   multi_table<impl::kernels::BlockMapped<impl::kernels::GatherGradient<value_type, memory_space>>> m_tab_gather;
   multi_table<impl::kernels::CopyBlock<factor_type>> m_tab_backup;
   multi_table<impl::kernels::UnfoldMode<value_type>> m_tab_unfold;
@@ -3907,7 +3960,7 @@ class Shampoo {
   multi_table<impl::kernels::BlockMapped<impl::kernels::ApplyUpdate<value_type, memory_space>>> m_tab_apply;
   chunked_table<impl::kernels::NormChunkJob<value_type>> m_tab_norms;
   team_table<impl::kernels::NormSumJob> m_tab_norm_sums;
-  team_table<impl::kernels::MatVecJob<value_type, inverse_factor_type>> m_tab_matvec;
+  chunked_table<impl::kernels::MatVecChunkJob<value_type, inverse_factor_type>> m_tab_matvec;
   chunked_table<impl::kernels::GraftScaleJob<value_type>> m_tab_scale;
 };
 

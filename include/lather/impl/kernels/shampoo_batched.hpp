@@ -107,22 +107,29 @@ struct UnpackJob {
   }
 };
 
-/// y = P x for a one-dimensional block, one team: y_i over the team's threads, each summing
-/// P(j, i) x_j in j order (P symmetric; thread i reads column i, so neighbouring threads read
-/// neighbouring elements of full storage).
+/// y = P x for a one-dimensional block of dimension d, over one chunk of P's d^2 elements (a
+/// ChunkedTeamTable job of size d^2): the rows whose first element i d lies in the chunk, each a
+/// team reduction of P(i, j) x_j over j (P symmetric: row i read along j, so neighbouring
+/// threads read neighbouring elements of full storage). Why not one team per block: a block of
+/// d = 1024 read 4 MB at one GPU multiprocessor's bandwidth; on the H100 of the twentieth #7
+/// round the one-team-per-block form was 3.6 ms of resnet50's 14.7 ms steady step at block
+/// size 1024 (docs/performance.md, "On a GPU"). Chunks of 4096 elements spread such a block over
+/// 256 teams.
 template <class T, class F>
-struct MatVecJob {
+struct MatVecChunkJob {
   SymmetricStorage<F> p;
   const T* x;
   T* y;
   template <class Member>
-  KOKKOS_FUNCTION void operator()(const Member& team) const {
+  KOKKOS_FUNCTION void operator()(const Member& team, std::int64_t begin, std::int64_t end, std::int64_t) const {
     const std::int64_t d = p.d;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, d), [&](std::int64_t i) {
+    const std::int64_t first = (begin + d - 1) / d, last = (end + d - 1) / d;
+    for (std::int64_t i = first; i < last; ++i) {
       T s = 0;
-      for (std::int64_t j = 0; j < d; ++j) s += T(p(j, i)) * x[j];
-      y[i] = s;
-    });
+      Kokkos::parallel_reduce(
+          Kokkos::TeamThreadRange(team, d), [&](std::int64_t j, T& acc) { acc += T(p(i, j)) * x[j]; }, s);
+      Kokkos::single(Kokkos::PerTeam(team), [&]() { y[i] = s; });
+    }
   }
 };
 

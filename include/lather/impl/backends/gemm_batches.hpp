@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+/// \file
+/// \brief Private. Queued matrix products `C = op(A) op(B)`, run grouped by shape: one batched
+/// BLAS call per shape where the BLAS has one (cuBLAS' `cublas{S,D}gemmBatched`), else one call
+/// per product (the caller's routine: the host BLAS, Kokkos Kernels).
+///
+/// Why: Shampoo's batched passes (set_batched_passes) queue a Gram product and a preconditioning
+/// product per factor of every block. At block size 256 a ResNet-50 is about a thousand such
+/// products of a handful of shapes; made one by one on an H100 they were 90% of a steady step
+/// (the twentieth round's kernel profile, docs/performance.md "On a GPU"), each too small to fill
+/// the GPU. One call per shape launches them together.
+///
+/// The products of one run must be independent (no product reads another's output). Within a
+/// shape group the products keep their queue order; the groups run in order of first appearance.
+/// The pointer arrays a batched call reads live in the memory space and are uploaded only where
+/// they changed since the same position of the previous step (begin_step()): steady steps queue
+/// the same products, so they upload nothing (no host-to-device copy, which would wait for the
+/// stream).
+#ifndef LATHER_IMPL_BACKENDS_GEMM_BATCHES_HPP
+#define LATHER_IMPL_BACKENDS_GEMM_BATCHES_HPP
+
+#include <lather/error.hpp>
+#include <lather/impl/backends/blas.hpp>
+#include <lather/impl/label.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#if defined(KOKKOS_ENABLE_CUDA) && __has_include(<KokkosKernels_config.h>)
+#include <KokkosKernels_config.h>
+#endif
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
+#include <cublas_v2.h>
+#define LATHER_HAS_CUBLAS_BATCHED 1
+#endif
+
+namespace lather::impl::blas {
+
+/// \brief Queue of products run by shape group (see the file comment).
+/// \tparam ExecSpace where the products run
+/// \tparam T float or double for the batched BLAS; any scalar runs one by one
+/// \tparam MemorySpace where the operands and the pointer arrays live
+template <class ExecSpace, class T, class MemorySpace>
+class GemmBatches {
+ public:
+  /// One product C = op(A) op(B) (alpha 1, beta 0), column-major, BLAS conventions: op(A) is
+  /// m x k, op(B) k x n, C m x n. `gram` marks a Gram product (B == A, only the lower triangle of
+  /// C is read afterwards), which a caller's one-by-one routine may run as a SYRK.
+  struct Product {
+    char ta = 'N', tb = 'N';
+    std::int64_t m = 0, n = 0, k = 0;
+    const T* a = nullptr;
+    std::int64_t lda = 1;
+    const T* b = nullptr;
+    std::int64_t ldb = 1;
+    T* c = nullptr;
+    std::int64_t ldc = 1;
+    bool gram = false;
+  };
+  /// Products of one shape: `count` products whose A, B, C pointers are at `first`, `first +
+  /// count` and `first + 2 count` of pointer_table().
+  struct Group {
+    char ta = 'N', tb = 'N';
+    std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+    std::int64_t count = 0, first = 0;
+  };
+  using pointer_view = Kokkos::View<std::uintptr_t*, MemorySpace>;
+
+  /// Whether run() makes one batched call per group here (else one call per product).
+  static constexpr bool batched_blas =
+#if defined(LATHER_HAS_CUBLAS_BATCHED)
+      std::is_same_v<ExecSpace, Kokkos::Cuda> && (std::is_same_v<T, float> || std::is_same_v<T, double>);
+#else
+      false;
+#endif
+
+  GemmBatches() = default;
+  // A copy gets pointer arrays (and a cuBLAS handle) of its own: a shared array would hold the
+  // other copy's pointers where this one's record says its own are.
+  GemmBatches(const GemmBatches& other) { reserve(static_cast<std::int64_t>(other.m_pointers.extent(0)) / 3); }
+  GemmBatches& operator=(const GemmBatches& other) {
+    if (this != &other) *this = GemmBatches(other);
+    return *this;
+  }
+  GemmBatches(GemmBatches&&) noexcept = default;
+  GemmBatches& operator=(GemmBatches&&) noexcept = default;
+  ~GemmBatches() = default;
+
+  /// Room for `products` queued products per step (pointer arrays); more grow them (with a fence).
+  void reserve(std::int64_t products) {
+    m_queue.reserve(static_cast<std::size_t>(products));
+    m_group_of.reserve(static_cast<std::size_t>(products));
+    m_staged.reserve(static_cast<std::size_t>(3 * products));
+    if (static_cast<std::int64_t>(m_pointers.extent(0)) < 3 * products) {
+      if (m_pointers.extent(0) > 0) Kokkos::fence();  // batched calls of a step may still read the old arrays
+      m_pointers = pointer_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, LATHER_LABEL("lather::GemmBatches::pointers")),
+                                static_cast<std::size_t>(3 * products));
+      m_uploaded.assign(static_cast<std::size_t>(3 * products), 0);  // nothing valid on the device yet
+    }
+  }
+  /// The next run() writes its pointer arrays from the start again: a step that queues what the
+  /// previous one did finds them in place. Drops what a failed step left queued.
+  void begin_step() noexcept {
+    m_cursor = 0;
+    m_queue.clear();
+  }
+
+  void add(const Product& p) { m_queue.push_back(p); }
+  [[nodiscard]] bool empty() const noexcept { return m_queue.empty(); }
+  [[nodiscard]] std::size_t size() const noexcept { return m_queue.size(); }
+
+  /// Runs the queued products and empties the queue; returns the BLAS calls made. `one(product)`
+  /// runs one product (groups the batched BLAS cannot take, and everything where there is none).
+  template <class OneByOne>
+  std::int64_t run(const ExecSpace& space, OneByOne&& one) {
+    if (m_queue.empty()) return 0;
+    std::int64_t calls = 0;
+    prepare(space);  // also where nothing batches: the same grouping and arrays everywhere (tested on the host)
+    if constexpr (batched_blas) {
+      for (const Group& grp : m_groups) {
+        if (grp.count > 1 && fits_int(grp.m) && fits_int(grp.n) && fits_int(grp.k) && fits_int(grp.lda) &&
+            fits_int(grp.ldb) && fits_int(grp.ldc) && fits_int(grp.count)) {
+          launch_batched(space, grp);
+          ++calls;
+          continue;
+        }
+        for (const Product& p : m_queue)
+          if (same_shape(grp, p)) {
+            one(p);
+            ++calls;
+          }
+      }
+    } else {
+      for (const Product& p : m_queue) {  // one by one, in queue order
+        one(p);
+        ++calls;
+      }
+    }
+    m_queue.clear();
+    return calls;
+  }
+
+  /// The last run's groups and pointer arrays (for tests).
+  [[nodiscard]] const std::vector<Group>& groups() const noexcept { return m_groups; }
+  [[nodiscard]] const pointer_view& pointer_table() const noexcept { return m_pointers; }
+  /// Host-to-memory-space copies of pointer arrays made so far (0 in steady steps).
+  [[nodiscard]] std::int64_t uploads() const noexcept { return m_uploads; }
+
+ private:
+  // Groups the queue by shape and uploads the pointer arrays that changed (ordered on `space`).
+  void prepare(const ExecSpace& space) {
+    m_groups.clear();
+    m_group_of.clear();
+    for (const Product& p : m_queue) {
+      std::size_t g = 0;
+      while (g < m_groups.size() && !same_shape(m_groups[g], p)) ++g;
+      if (g == m_groups.size()) m_groups.push_back({p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, 0, 0});
+      ++m_groups[g].count;
+      m_group_of.push_back(g);
+    }
+    // Each group's A, B and C pointer arrays, one after the other, groups in order; within a
+    // group the products in queue order.
+    const auto total = static_cast<std::int64_t>(m_queue.size());
+    if (m_cursor + 3 * total > static_cast<std::int64_t>(m_pointers.extent(0))) grow(space, m_cursor + 3 * total);
+    std::int64_t at = m_cursor;
+    for (Group& grp : m_groups) {
+      grp.first = at;
+      at += 3 * grp.count;
+    }
+    m_fill.assign(m_groups.size(), 0);
+    m_staged.assign(static_cast<std::size_t>(3 * total), 0);
+    for (std::size_t i = 0; i < m_queue.size(); ++i) {
+      const std::size_t g = m_group_of[i];
+      const Group& grp = m_groups[g];
+      const auto j = static_cast<std::size_t>(m_fill[g]++);
+      const auto base = static_cast<std::size_t>(grp.first - m_cursor), cnt = static_cast<std::size_t>(grp.count);
+      m_staged[base + j] = reinterpret_cast<std::uintptr_t>(m_queue[i].a);
+      m_staged[base + cnt + j] = reinterpret_cast<std::uintptr_t>(m_queue[i].b);
+      m_staged[base + 2 * cnt + j] = reinterpret_cast<std::uintptr_t>(m_queue[i].c);
+    }
+    // Upload the span that differs from what the device holds at these positions.
+    std::int64_t lo = -1, hi = -1;
+    for (std::int64_t e = 0; e < 3 * total; ++e) {
+      const auto pos = static_cast<std::size_t>(m_cursor + e);
+      if (m_uploaded[pos] == m_staged[static_cast<std::size_t>(e)]) continue;
+      m_uploaded[pos] = m_staged[static_cast<std::size_t>(e)];
+      if (lo < 0) lo = m_cursor + e;
+      hi = m_cursor + e + 1;
+    }
+    if (lo >= 0) {
+      using host_view = Kokkos::View<const std::uintptr_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+      const host_view src(m_uploaded.data() + lo, static_cast<std::size_t>(hi - lo));
+      const auto dst = Kokkos::subview(m_pointers, Kokkos::make_pair(lo, hi));
+      // As impl::kernels::UploadedTable: CUDA has staged pageable bytes when cudaMemcpyAsync
+      // returns; elsewhere wait, so that later changes to m_uploaded cannot race the copy.
+      if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
+        Kokkos::deep_copy(dst, src);
+      } else {
+        Kokkos::deep_copy(space, dst, src);
+#if !defined(KOKKOS_ENABLE_CUDA)
+        space.fence();
+#else
+        if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
+#endif
+      }
+      ++m_uploads;
+    }
+    m_cursor += 3 * total;
+  }
+
+  static bool same_shape(const Group& g, const Product& p) noexcept {
+    return g.ta == p.ta && g.tb == p.tb && g.m == p.m && g.n == p.n && g.k == p.k && g.lda == p.lda &&
+           g.ldb == p.ldb && g.ldc == p.ldc;
+  }
+
+  // More room: kernels queued on `space` may still read the old arrays, so wait for them first.
+  void grow(const ExecSpace& space, std::int64_t entries) {
+    space.fence();
+    pointer_view bigger(Kokkos::view_alloc(Kokkos::WithoutInitializing, LATHER_LABEL("lather::GemmBatches::pointers")),
+                        static_cast<std::size_t>(std::max(entries, 2 * static_cast<std::int64_t>(m_pointers.extent(0)))));
+    m_pointers = bigger;
+    m_uploaded.assign(m_pointers.extent(0), 0);
+  }
+
+#if defined(LATHER_HAS_CUBLAS_BATCHED)
+  struct HandleDeleter {
+    void operator()(cublasHandle_t* h) const noexcept {
+      if (h != nullptr) cublasDestroy(*h);
+      delete h;
+    }
+  };
+  void launch_batched(const ExecSpace& space, const Group& grp) {
+    if (!m_handle) {
+      auto* h = new cublasHandle_t(nullptr);
+      const cublasStatus_t created = cublasCreate(h);
+      if (created != CUBLAS_STATUS_SUCCESS) {
+        delete h;
+        LATHER_THROW_RUNTIME_IF(true, "lather::GemmBatches: cublasCreate failed (status ", static_cast<int>(created),
+                                "); is a CUDA device available to this process?");
+      }
+      m_handle.reset(h, HandleDeleter{});
+    }
+    const cublasHandle_t h = *m_handle;
+    LATHER_THROW_RUNTIME_IF(cublasSetStream(h, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS,
+                            "lather::GemmBatches: cublasSetStream failed");
+    const auto op = [](char t) { return t == 'N' ? CUBLAS_OP_N : CUBLAS_OP_T; };
+    const std::uintptr_t* base = m_pointers.data() + grp.first;
+    const T* const* a = reinterpret_cast<const T* const*>(base);
+    const T* const* b = reinterpret_cast<const T* const*>(base + grp.count);
+    T* const* c = reinterpret_cast<T* const*>(base + 2 * grp.count);
+    const T one = 1, zero = 0;
+    cublasStatus_t s;
+    if constexpr (std::is_same_v<T, float>)
+      s = cublasSgemmBatched(h, op(grp.ta), op(grp.tb), static_cast<int>(grp.m), static_cast<int>(grp.n),
+                             static_cast<int>(grp.k), &one, a, static_cast<int>(grp.lda), b, static_cast<int>(grp.ldb),
+                             &zero, c, static_cast<int>(grp.ldc), static_cast<int>(grp.count));
+    else
+      s = cublasDgemmBatched(h, op(grp.ta), op(grp.tb), static_cast<int>(grp.m), static_cast<int>(grp.n),
+                             static_cast<int>(grp.k), &one, a, static_cast<int>(grp.lda), b, static_cast<int>(grp.ldb),
+                             &zero, c, static_cast<int>(grp.ldc), static_cast<int>(grp.count));
+    LATHER_THROW_RUNTIME_IF(s != CUBLAS_STATUS_SUCCESS, "lather::GemmBatches: cublas", std::is_same_v<T, float> ? "S" : "D",
+                            "gemmBatched failed (status ", static_cast<int>(s), ") for ", grp.count, " products of ",
+                            grp.m, " x ", grp.n, " x ", grp.k);
+  }
+  std::shared_ptr<cublasHandle_t> m_handle;  // shared: copies of the optimizer share one handle
+#else
+  void launch_batched(const ExecSpace&, const Group&) {}
+#endif
+
+  std::vector<Product> m_queue;
+  std::vector<Group> m_groups;
+  std::vector<std::size_t> m_group_of;
+  std::vector<std::int64_t> m_fill;
+  std::vector<std::uintptr_t> m_staged, m_uploaded;  // this run's arrays; what the memory space holds
+  pointer_view m_pointers;
+  std::int64_t m_cursor = 0, m_uploads = 0;
+};
+
+}  // namespace lather::impl::blas
+
+#endif

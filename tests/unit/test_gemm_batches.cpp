@@ -1,0 +1,241 @@
+// SPDX-License-Identifier: Apache-2.0
+// impl::blas::GemmBatches (impl/backends/gemm_batches.hpp), the queue that runs the batched
+// passes' products one batched BLAS call per shape: the grouping (shapes, transposes and leading
+// dimensions each a group of their own, queue order kept within a group), the pointer arrays in
+// the memory space (the right A, B, C of every product at the group's offsets), the uploads
+// (none when a step queues what the previous one did, one where a pointer changed), growth past
+// the reserved room, copies with arrays of their own, and the products' values against a long-double triple loop: products of
+// length k in precision u within 4 k u max|a| max|b| (the test_host_blas bound). On a device
+// space with cuBLAS the groups of more than one product go to cublas{S,D}gemmBatched; elsewhere
+// run() makes one call per product.
+#include <lather/impl/backends/gemm_batches.hpp>
+#include <lather/impl/kernels/matrix_functions.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <doctest/doctest.h>
+
+#include "exec_spaces.hpp"
+#include "test_utils.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+struct Shape {
+  char ta, tb;
+  std::int64_t m, n, k;
+  std::int64_t pad = 0;  // A's leading dimension beyond the least it can be
+};
+
+template <class T, class ExecSpace>
+void impl_test_gemm_batches() {
+  using M = typename ExecSpace::memory_space;
+  using Batches = lather::impl::blas::GemmBatches<ExecSpace, T, M>;
+  using matrix = Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::Device<ExecSpace, M>, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  // Shapes interleaved in the queue: two that differ only in a transpose, one only in A's
+  // leading dimension, single products (sizes 1, 2, 3, 13, 17, 33, 40 among the dimensions).
+  const std::vector<Shape> shapes{{'N', 'N', 13, 3, 2},  {'T', 'N', 13, 13, 40}, {'N', 'T', 13, 3, 2},
+                                  {'N', 'N', 13, 3, 2},  {'T', 'N', 13, 13, 40}, {'N', 'N', 1, 1, 1},
+                                  {'N', 'N', 13, 3, 2},  {'T', 'T', 40, 33, 17}, {'T', 'N', 13, 13, 40},
+                                  {'N', 'T', 13, 3, 2},  {'N', 'N', 13, 3, 2, 1}};
+  // Group of each product, in order of first appearance, and each group's size.
+  const std::vector<std::size_t> group_of{0, 1, 2, 0, 1, 3, 0, 4, 1, 2, 5};
+  const std::vector<std::int64_t> group_size{3, 3, 2, 1, 1, 1};
+  const auto n_products = shapes.size();
+  auto lda_of = [](const Shape& s) { return (s.ta == 'N' ? s.m : s.k) + s.pad; };
+  auto ldb_of = [](const Shape& s) { return s.tb == 'N' ? s.k : s.n; };
+  // Operands in one buffer each, so that the pointers are stable; a second C buffer for the
+  // "changed pointer" step.
+  std::vector<std::int64_t> a_at, b_at, c_at;
+  std::int64_t a_total = 0, b_total = 0, c_total = 0;
+  for (const auto& s : shapes) {
+    a_at.push_back(a_total);
+    b_at.push_back(b_total);
+    c_at.push_back(c_total);
+    a_total += lda_of(s) * (s.ta == 'N' ? s.k : s.m);
+    b_total += s.k * s.n;
+    c_total += s.m * s.n;
+  }
+  Kokkos::View<T*, M> a("a", static_cast<std::size_t>(a_total)), b("b", static_cast<std::size_t>(b_total)),
+      c("c", static_cast<std::size_t>(c_total)), c2("c2", static_cast<std::size_t>(c_total));
+  const auto ha = lather::test::random_values(static_cast<std::size_t>(a_total), 11);
+  const auto hb = lather::test::random_values(static_cast<std::size_t>(b_total), 12);
+  {
+    auto ma = Kokkos::create_mirror_view(a);
+    auto mb = Kokkos::create_mirror_view(b);
+    for (std::size_t i = 0; i < ha.size(); ++i) ma(i) = static_cast<T>(ha[i]);
+    for (std::size_t i = 0; i < hb.size(); ++i) mb(i) = static_cast<T>(hb[i]);
+    Kokkos::deep_copy(a, ma);
+    Kokkos::deep_copy(b, mb);
+  }
+  // The expected products from the values as rounded to T, in long double.
+  auto expected = [&](std::size_t p) {
+    const Shape& s = shapes[p];
+    const std::int64_t lda = lda_of(s), ldb = ldb_of(s);
+    std::vector<double> out(static_cast<std::size_t>(s.m * s.n));
+    for (std::int64_t i = 0; i < s.m; ++i)
+      for (std::int64_t j = 0; j < s.n; ++j) {
+        long double sum = 0;
+        for (std::int64_t l = 0; l < s.k; ++l) {
+          const auto ai = static_cast<std::size_t>(a_at[p] + (s.ta == 'N' ? i + l * lda : l + i * lda));
+          const auto bi = static_cast<std::size_t>(b_at[p] + (s.tb == 'N' ? l + j * ldb : j + l * ldb));
+          sum += static_cast<long double>(static_cast<T>(ha[ai])) * static_cast<T>(hb[bi]);
+        }
+        out[static_cast<std::size_t>(i + j * s.m)] = static_cast<double>(sum);
+      }
+    return out;
+  };
+  auto product = [&](std::size_t p, const Kokkos::View<T*, M>& out) {
+    const Shape& s = shapes[p];
+    typename Batches::Product q;
+    q.ta = s.ta;
+    q.tb = s.tb;
+    q.m = s.m;
+    q.n = s.n;
+    q.k = s.k;
+    q.a = a.data() + a_at[p];
+    q.lda = lda_of(s);
+    q.b = b.data() + b_at[p];
+    q.ldb = ldb_of(s);
+    q.c = out.data() + c_at[p];
+    q.ldc = s.m;
+    return q;
+  };
+  const ExecSpace space;
+  std::int64_t one_calls = 0;
+  auto one = [&](const typename Batches::Product& q) {
+    ++one_calls;
+    const char ta[2] = {q.ta, '\0'}, tb[2] = {q.tb, '\0'};
+    const matrix ma(const_cast<T*>(q.a), static_cast<std::size_t>(q.lda), static_cast<std::size_t>(q.ta == 'N' ? q.k : q.m));
+    const matrix mb(const_cast<T*>(q.b), static_cast<std::size_t>(q.ldb), static_cast<std::size_t>(q.tb == 'N' ? q.n : q.k));
+    const matrix mc(q.c, static_cast<std::size_t>(q.ldc), static_cast<std::size_t>(q.n));
+    lather::impl::kernels::gemm(space, ta, tb, T(1), ma, mb, T(0), mc);
+  };
+  auto check_values = [&](const Kokkos::View<T*, M>& out) {
+    space.fence();
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+    for (std::size_t p = 0; p < n_products; ++p) {
+      const auto want = expected(p);
+      const double bound = 4.0 * static_cast<double>(shapes[p].k) * std::numeric_limits<T>::epsilon();
+      double worst = 0;
+      for (std::size_t e = 0; e < want.size(); ++e)
+        worst = std::max(worst, std::abs(static_cast<double>(h(static_cast<std::size_t>(c_at[p]) + e)) - want[e]));
+      CAPTURE(p);
+      CHECK(worst <= bound);  // random_values are in [-1, 1]: max|a| max|b| <= 1
+    }
+  };
+
+  // The pointer arrays: group g's A, B, C pointers at first, first + count, first + 2 count, in
+  // queue order within the group.
+  auto check_table = [&](const Batches& batches, const Kokkos::View<T*, M>& out) {
+    const auto& groups = batches.groups();
+    REQUIRE(groups.size() == group_size.size());
+    auto table = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), batches.pointer_table());
+    std::vector<std::int64_t> seen(groups.size(), 0);
+    for (std::size_t p = 0; p < n_products; ++p) {
+      const auto q = product(p, out);
+      const auto& grp = groups[group_of[p]];
+      CAPTURE(p);
+      CHECK(grp.ta == q.ta);
+      CHECK(grp.tb == q.tb);
+      CHECK(grp.m == q.m);
+      CHECK(grp.n == q.n);
+      CHECK(grp.k == q.k);
+      CHECK(grp.lda == q.lda);
+      CHECK(grp.count == group_size[group_of[p]]);
+      const auto j = static_cast<std::size_t>(grp.first + seen[group_of[p]]++);
+      const auto cnt = static_cast<std::size_t>(grp.count);
+      CHECK(table(j) == reinterpret_cast<std::uintptr_t>(q.a));
+      CHECK(table(j + cnt) == reinterpret_cast<std::uintptr_t>(q.b));
+      CHECK(table(j + 2 * cnt) == reinterpret_cast<std::uintptr_t>(q.c));
+    }
+  };
+  std::int64_t batched_groups = 0;
+  for (const auto n : group_size) batched_groups += n > 1 ? 1 : 0;
+  // BLAS calls of one run: a call per group of more than one product where the BLAS batches
+  // (the rest one by one), else one per product.
+  const std::int64_t calls_expected =
+      Batches::batched_blas ? batched_groups + static_cast<std::int64_t>(n_products) - 8 : static_cast<std::int64_t>(n_products);
+
+  Batches batches;
+  batches.reserve(4);  // less room than the 11 products: the first run grows the arrays
+  auto step = [&](const Kokkos::View<T*, M>& moved_out, std::size_t moved) {
+    batches.begin_step();
+    for (std::size_t p = 0; p < n_products; ++p) batches.add(product(p, p == moved ? moved_out : c));
+    CHECK(batches.size() == n_products);
+    one_calls = 0;
+    CHECK(batches.run(space, one) == calls_expected);  // groups, uploads what changed, runs
+    CHECK(batches.empty());
+    CHECK(one_calls == (Batches::batched_blas ? static_cast<std::int64_t>(n_products) - 8 : calls_expected));
+  };
+  // Step 1: grouped, the arrays uploaded once, the products right.
+  step(c, n_products);
+  CHECK(batches.uploads() == 1);
+  CHECK(batches.groups().front().first == 0);
+  check_table(batches, c);
+  check_values(c);
+  // Step 2, the same products: the arrays are in place, nothing is uploaded.
+  Kokkos::deep_copy(c, T(0));
+  step(c, n_products);
+  CHECK(batches.uploads() == 1);
+  check_table(batches, c);
+  check_values(c);
+  // A second run in the step: its arrays after the first's (the room grows: a fence, then a
+  // new array whose every position is uploaded again).
+  for (std::size_t p = 0; p < n_products; ++p) batches.add(product(p, c2));
+  CHECK(batches.run(space, one) == calls_expected);
+  CHECK(batches.uploads() == 2);
+  CHECK(batches.groups().front().first == 3 * static_cast<std::int64_t>(n_products));
+  check_table(batches, c2);
+  check_values(c2);
+  // Steps 3 to 5: C of one product moved (uploaded), moved back (uploaded), the same again (not).
+  step(c, n_products);
+  CHECK(batches.uploads() == 3);  // the grown array held nothing at the first run's positions
+  Kokkos::deep_copy(c2, T(0));
+  step(c2, 4);
+  CHECK(batches.uploads() == 4);
+  {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c2);
+    const auto want = expected(4);
+    double worst = 0;
+    for (std::size_t e = 0; e < want.size(); ++e)
+      worst = std::max(worst, std::abs(static_cast<double>(h(static_cast<std::size_t>(c_at[4]) + e)) - want[e]));
+    CHECK(worst <= 4.0 * static_cast<double>(shapes[4].k) * std::numeric_limits<T>::epsilon());
+  }
+  step(c, n_products);
+  CHECK(batches.uploads() == 5);
+  step(c, n_products);
+  CHECK(batches.uploads() == 5);
+  check_values(c);
+  // A copy has arrays of its own: its uploads do not change what the original's record says.
+  Batches copy = batches;
+  CHECK(copy.pointer_table().data() != batches.pointer_table().data());
+  copy.begin_step();
+  for (std::size_t p = 0; p < n_products; ++p) copy.add(product(p, c2));
+  CHECK(copy.run(space, one) == calls_expected);
+  CHECK(copy.uploads() == 1);
+  check_values(c2);
+  step(c, n_products);
+  CHECK(batches.uploads() == 5);
+  check_table(batches, c);
+  // A failed step's queue is dropped by the next step's begin_step.
+  batches.add(product(0, c));
+  batches.begin_step();
+  CHECK(batches.empty());
+  CHECK(batches.run(space, one) == 0);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("GemmBatches: products grouped by shape, pointer arrays uploaded only where they changed",
+                          ExecSpace, gemm_batches) {
+  impl_test_gemm_batches<float, ExecSpace>();
+  impl_test_gemm_batches<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(gemm_batches, lather_test_exec_spaces);
