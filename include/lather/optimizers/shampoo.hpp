@@ -321,6 +321,13 @@ class Shampoo {
     m_grad = vector_type("lather::Shampoo::blocked_grad", max_numel);
     m_work0 = vector_type("lather::Shampoo::work0", max_numel);
     m_work1 = vector_type("lather::Shampoo::work1", max_numel);
+    if constexpr (!block_concurrency_possible) {
+      // Partial norms of the chunked block norms, where a parameter has a block of several chunks.
+      std::int64_t partials = 0;
+      for (const auto& p : m_params)
+        if (p.chunks > static_cast<std::int64_t>(p.blocks.size())) partials = std::max(partials, p.chunks);
+      if (partials > 0) m_norm_partials = Kokkos::View<double*, memory_space>("lather::Shampoo::norm_partials", partials);
+    }
     // The unfolded copy of a block for its middle dimensions' products (empty without any).
     std::int64_t max_unfold = 0;
     for (const auto& p : m_params)
@@ -868,6 +875,9 @@ class Shampoo {
     std::vector<int> local_of;      // per block of the layout: its index in `blocks`, -1 elsewhere
     std::int64_t local_numel = 0;   // elements of this rank's blocks
     Kokkos::View<std::int64_t*, memory_space> block_begin;  // this rank's blocks, + end
+    // The blocks' chunks for the per-parameter device norms and scale (impl::kernels::BlockChunks).
+    Kokkos::View<std::int64_t*, memory_space> chunk_begin;
+    std::int64_t chunks = 0;  // of all this rank's blocks
     Kokkos::View<std::int64_t*, memory_space> index_begin;  // per block of the layout: begin here or -1
     impl::kernels::BlockedIndex<memory_space> index;
     // DDP / HSDP: where each block sits in this rank's send slice (-1: another rank's) and in the
@@ -1045,6 +1055,9 @@ class Shampoo {
     }
     p.local_numel = local.back();
     p.block_begin = to_device_view("lather::Shampoo::block_begin", local);
+    const std::vector<std::int64_t> chunk_begins = impl::kernels::BlockChunks<memory_space>::chunk_begins(local);
+    p.chunk_begin = to_device_view("lather::Shampoo::chunk_begin", chunk_begins);
+    p.chunks = chunk_begins.back();
     p.index_begin = to_device_view("lather::Shampoo::index_begin", begins);
     p.index.rank = static_cast<int>(merged.size());
     p.index.block_size = o.max_preconditioner_dim;
@@ -2902,9 +2915,11 @@ class Shampoo {
   }
 
   // Squared norms per block into p.norms(., column): host_block_sq_norm's order wherever the
-  // fused host path can run (so both paths give the same bits), one team per block elsewhere.
-  static void block_norms(const ExecSpace& space, ParamState& p, const vector_type& x, const vector_type& graft_state,
-                          int column, const GraftScalars<value_type>& gs, bool has_state) {
+  // fused host path can run (so both paths give the same bits), elsewhere one team per chunk of
+  // a block (impl::kernels::BlockChunks: a block's elements over several GPU multiprocessors),
+  // then the chunks' partial sums added per block in chunk order where a block has several.
+  void block_norms(const ExecSpace& space, ParamState& p, const vector_type& x, const vector_type& graft_state,
+                   int column, const GraftScalars<value_type>& gs, bool has_state) const {
     const auto nb = static_cast<std::int64_t>(p.blocks.size());
     if constexpr (block_concurrency_possible) {
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::block_norms"),
@@ -2912,10 +2927,16 @@ class Shampoo {
                            impl::kernels::HostBlockNorms<value_type, memory_space>{
                                {x, graft_state, p.block_begin, p.norms, column, gs, has_state}});
     } else {
+      const bool direct = p.chunks == nb;
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::block_norms"),
-                           Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
-                           impl::kernels::BlockNorms<value_type, memory_space, ExecSpace>{x, graft_state, p.block_begin,
-                                                                                         p.norms, column, gs, has_state});
+                           Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(p.chunks), Kokkos::AUTO),
+                           impl::kernels::ChunkNorms<value_type, memory_space, ExecSpace>{
+                               {p.block_begin, p.chunk_begin}, x, graft_state, m_norm_partials, p.norms, column, gs,
+                               has_state, direct});
+      if (!direct)
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::block_norm_sums"),
+                             Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, nb),
+                             impl::kernels::ChunkNormSums<memory_space>{p.chunk_begin, m_norm_partials, p.norms, column});
     }
   }
 
@@ -2936,7 +2957,6 @@ class Shampoo {
                          filter_kernel(p, sc, m_grad, p.filtered, p.graft_state, m_work0));
     const vector_type direction = m_work0;
     if (!graft_now) {
-      const auto nb = static_cast<std::int64_t>(p.blocks.size());
       if constexpr (Grafting::enabled) {
         // ||graft(Gbar)|| per block, before work0 is turned into the Shampoo direction.
         block_norms(space, p, m_work0, p.graft_state, 0, gs, Grafting::has_state);
@@ -2972,8 +2992,9 @@ class Shampoo {
       if constexpr (Grafting::enabled) {
         block_norms(space, p, direction, vector_type(), 1, gs, false);
         Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::graft_scale"),
-                             Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(nb), Kokkos::AUTO),
-                             impl::kernels::GraftScale<value_type, memory_space, ExecSpace>{direction, p.block_begin, p.norms});
+                             Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(p.chunks), Kokkos::AUTO),
+                             impl::kernels::ChunkGraftScale<value_type, memory_space, ExecSpace>{
+                                 {p.block_begin, p.chunk_begin}, direction, p.norms});
       }
     }
     // DDP: the update (decoupled decay folded in, notes 6.1.6) goes through the all-gather, or
@@ -3909,6 +3930,7 @@ class Shampoo {
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
   std::map<std::size_t, vector_type> m_gram, m_gram2;
   vector_type m_grad, m_work0, m_work1, m_unfold;
+  Kokkos::View<double*, memory_space> m_norm_partials;  // block_norms' chunk partials (device path)
   std::vector<vector_type> m_thread_gram, m_thread_unfold;  // host block concurrency, per thread
   std::vector<vector_type> m_thread_grad, m_thread_x;       // fused host blocks, threads > 0
   bool m_fused_eligible = false;                            // see fused_possible()

@@ -9,6 +9,7 @@
 #include <lather/grafting/grafting.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/kernels/host_simd.hpp>
+#include <lather/impl/kernels/multi_tensor.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/traits/tensor_traits.hpp>
 
@@ -16,6 +17,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 // Host-only builds on x86-64: SSE2 for the host block norms (GPU builds keep the scalar form,
 // which gives the same bits).
@@ -762,6 +764,107 @@ struct GraftScale {
     const T ratio = ratio_of(norms(b, 0), norms(b, 1));
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, block_begin(b), block_begin(b + 1)),
                          [&](std::int64_t q) { direction(q) = direction(q) * ratio; });
+  }
+};
+
+/// \brief A parameter's blocks cut into chunks of multi_tensor_chunk_elements for the
+/// per-parameter device kernels (ChunkNorms, ChunkNormSums, ChunkGraftScale): block b's chunks
+/// are [chunk_begin(b), chunk_begin(b + 1)), at least one per block.
+///
+/// Why: BlockNorms and GraftScale run one team per block, and a team runs on one GPU
+/// multiprocessor, so a block of a million elements was read at one multiprocessor's share of
+/// the bandwidth: in the batched passes' form they were 80% of a steady resnet50 step at block
+/// size 1024 on an H100, and the per-parameter kernels (KL-Shampoo, eigenvalue correction,
+/// iterate averaging, DDP and sharded Shampoo on a device) took 218 of that set's 238 ms
+/// (docs/performance.md, "On a GPU"). The map is fixed at construction, so no table travels to
+/// the device per launch.
+template <class MemorySpace>
+struct BlockChunks {
+  Kokkos::View<const std::int64_t*, MemorySpace> block_begin;  // elements: block b is [block_begin(b), block_begin(b + 1))
+  Kokkos::View<const std::int64_t*, MemorySpace> chunk_begin;  // chunks, the same extent
+
+  /// Chunks of a block of n elements (one for an empty block, so that every block has a team
+  /// that writes its norm).
+  static constexpr std::int64_t chunks_of(std::int64_t n) {
+    return n <= multi_tensor_chunk_elements ? 1 : (n + multi_tensor_chunk_elements - 1) / multi_tensor_chunk_elements;
+  }
+  /// The chunk map of blocks with element offsets `begins` (blocks + 1 entries, the last the end).
+  static std::vector<std::int64_t> chunk_begins(const std::vector<std::int64_t>& begins) {
+    std::vector<std::int64_t> chunks{0};
+    for (std::size_t b = 0; b + 1 < begins.size(); ++b) chunks.push_back(chunks.back() + chunks_of(begins[b + 1] - begins[b]));
+    return chunks;
+  }
+  /// Chunk c's block b (the last whose first chunk is <= c, binary search) and its elements [begin, end).
+  KOKKOS_INLINE_FUNCTION void locate(std::int64_t c, std::int64_t& b, std::int64_t& begin, std::int64_t& end) const {
+    std::int64_t lo = 0, hi = static_cast<std::int64_t>(chunk_begin.extent(0)) - 1;
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (chunk_begin(mid) <= c) lo = mid;
+      else hi = mid;
+    }
+    b = lo;
+    begin = block_begin(b) + (c - chunk_begin(b)) * multi_tensor_chunk_elements;
+    end = begin + multi_tensor_chunk_elements < block_begin(b + 1) ? begin + multi_tensor_chunk_elements : block_begin(b + 1);
+  }
+};
+
+/// BlockNorms per chunk: one team per chunk sums its elements' terms, into partials(c), or, where
+/// every block is one chunk (`direct`), into norms(b, column) (one kernel, as BlockNorms); else
+/// ChunkNormSums adds each block's partials after.
+template <class T, class MemorySpace, class ExecSpace>
+struct ChunkNorms {
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  BlockChunks<MemorySpace> chunks;
+  Kokkos::View<const T*, MemorySpace> x, graft_state;
+  Kokkos::View<double*, MemorySpace> partials;
+  Kokkos::View<double**, MemorySpace> norms;
+  int column;
+  GraftScalars<T> graft;
+  bool graft_has_state, direct;
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    const std::int64_t c = team.league_rank();
+    std::int64_t b = 0, begin = 0, end = 0;
+    chunks.locate(c, b, begin, end);
+    double sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, begin, end),
+        [&](std::int64_t q, double& acc) {
+          acc += block_norm_term(x(q), graft_has_state ? graft_state(q) : T(0), graft, graft_has_state);
+        },
+        sum);
+    Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      if (direct) norms(b, column) = sum;
+      else partials(c) = sum;
+    });
+  }
+};
+
+/// norms(b, column) = the sum of block b's partials in chunk order (deterministic), per block.
+template <class MemorySpace>
+struct ChunkNormSums {
+  Kokkos::View<const std::int64_t*, MemorySpace> chunk_begin;
+  Kokkos::View<const double*, MemorySpace> partials;
+  Kokkos::View<double**, MemorySpace> norms;
+  int column;
+  KOKKOS_FUNCTION void operator()(std::int64_t b) const {
+    double s = 0;
+    for (std::int64_t c = chunk_begin(b); c < chunk_begin(b + 1); ++c) s += partials(c);
+    norms(b, column) = s;
+  }
+};
+
+/// GraftScale per chunk: the block's ratio once per team, then the chunk scaled.
+template <class T, class MemorySpace, class ExecSpace>
+struct ChunkGraftScale {
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  BlockChunks<MemorySpace> chunks;
+  Kokkos::View<T*, MemorySpace> direction;
+  Kokkos::View<const double**, MemorySpace> norms;
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    std::int64_t b = 0, begin = 0, end = 0;
+    chunks.locate(team.league_rank(), b, begin, end);
+    const T ratio = graft_ratio<T>(norms(b, 0), norms(b, 1));
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](std::int64_t q) { direction(q) = direction(q) * ratio; });
   }
 };
 
