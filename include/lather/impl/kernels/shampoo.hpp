@@ -508,7 +508,7 @@ KOKKOS_INLINE_FUNCTION T graft_ratio(double graft_sq, double direction_sq) {
 }
 
 /// Per block: the squared Frobenius norm of graft(x) (or of x when `graft_has_state` is false)
-/// into norms(block, column).
+/// into norms(block, column); one team per block (steps: HostBlockNorms, ChunkNorms).
 template <class T, class MemorySpace, class ExecSpace>
 struct BlockNorms {
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -757,8 +757,8 @@ struct GraftScale {
   Kokkos::View<T*, MemorySpace> direction;
   Kokkos::View<const std::int64_t*, MemorySpace> block_begin;
   Kokkos::View<const double**, MemorySpace> norms;
-  // One team per block: the ratio once per block, then a plain (vectorizable) scale; the
-  // per-element form searched the block and took two square roots for every element.
+  // One team per block (the tests' reference for ChunkGraftScale, which the steps run): the
+  // ratio once per block, then a plain scale (not two square roots for every element).
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t b = team.league_rank();
     const T ratio = ratio_of(norms(b, 0), norms(b, 1));
