@@ -2,7 +2,8 @@
 // impl::blas::GemmBatches (impl/backends/gemm_batches.hpp), the queue that runs the batched
 // passes' products one batched BLAS call per shape: the grouping (shapes, transposes and leading
 // dimensions each a group of their own, queue order kept within a group), the pointer arrays in
-// the memory space (the right A, B, C of every product at the group's offsets), the uploads
+// the memory space (the right A, B, C of every product at the group's offsets), groups of products
+// deeper than the depth ratio run one by one, the uploads
 // (none when a step queues what the previous one did, one where a pointer changed), growth past
 // the reserved room, copies with arrays of their own, and the products' values against a long-double triple loop: products of
 // length k in precision u within 4 k u max|a| max|b| (the test_host_blas bound). On a device
@@ -112,7 +113,10 @@ void impl_test_gemm_batches() {
   auto one = [&](const typename Batches::Product& q) {
     ++one_calls;
     const char ta[2] = {q.ta, '\0'}, tb[2] = {q.tb, '\0'};
-    const matrix ma(const_cast<T*>(q.a), static_cast<std::size_t>(q.lda), static_cast<std::size_t>(q.ta == 'N' ? q.k : q.m));
+    // A's first op rows of its lda: Kokkos Kernels' device gemm checks A's rows against C's.
+    const auto ma = Kokkos::subview(
+        matrix(const_cast<T*>(q.a), static_cast<std::size_t>(q.lda), static_cast<std::size_t>(q.ta == 'N' ? q.k : q.m)),
+        Kokkos::make_pair(std::int64_t(0), q.ta == 'N' ? q.m : q.k), Kokkos::ALL);
     const matrix mb(const_cast<T*>(q.b), static_cast<std::size_t>(q.ldb), static_cast<std::size_t>(q.tb == 'N' ? q.n : q.k));
     const matrix mc(q.c, static_cast<std::size_t>(q.ldc), static_cast<std::size_t>(q.n));
     lather::impl::kernels::gemm(space, ta, tb, T(1), ma, mb, T(0), mc);
@@ -224,6 +228,47 @@ void impl_test_gemm_batches() {
   step(c, n_products);
   CHECK(batches.uploads() == 5);
   check_table(batches, c);
+  // Groups of products deeper than the depth ratio allows run one by one even where the BLAS
+  // batches: with the ratio at 3, the (13, 13, 40) group (40 > 3 x 13) is three calls.
+  {
+    Batches shallow;
+    CHECK(shallow.depth_ratio() == Batches::default_depth_ratio);
+    shallow.set_depth_ratio(3);
+    for (std::size_t p = 0; p < n_products; ++p) shallow.add(product(p, c2));
+    std::int64_t limited_calls = 0, limited_one = 0;
+    std::vector<std::int64_t> first_of(group_size.size(), -1);
+    for (std::size_t p = 0; p < n_products; ++p)
+      if (first_of[group_of[p]] < 0) first_of[group_of[p]] = static_cast<std::int64_t>(p);
+    auto fits = [](const Shape& s, std::int64_t count, std::int64_t ratio) {
+      return count > 1 && s.k <= ratio * std::max(s.m, s.n);
+    };
+    for (std::size_t g = 0; g < group_size.size(); ++g) {
+      const bool batched =
+          Batches::batched_blas && fits(shapes[static_cast<std::size_t>(first_of[g])], group_size[g], 3);
+      limited_calls += batched ? 1 : group_size[g];
+      limited_one += batched ? 0 : group_size[g];
+    }
+    CHECK(limited_calls == (Batches::batched_blas ? 8 : static_cast<std::int64_t>(n_products)));
+    Kokkos::deep_copy(c2, T(0));
+    one_calls = 0;
+    CHECK(shallow.run(space, one) == limited_calls);
+    CHECK(one_calls == limited_one);
+    // The decision itself, on every space: the default ratio takes every group of more than one
+    // product here; ratio 3 leaves out the (13, 13, 40) group only.
+    const auto& groups = shallow.groups();
+    REQUIRE(groups.size() == group_size.size());
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const Shape& s = shapes[static_cast<std::size_t>(first_of[g])];
+      CAPTURE(g);
+      CHECK(shallow.fits_batch(groups[g]) == fits(s, group_size[g], 3));
+      CHECK(batches.fits_batch(groups[g]) == (group_size[g] > 1));
+    }
+    CHECK(!shallow.fits_batch(groups[1]));
+    CHECK(shallow.fits_batch(groups[0]));
+    check_values(c2);
+    Batches shallow_copy = shallow;  // a copy keeps the ratio
+    CHECK(shallow_copy.depth_ratio() == 3);
+  }
   // A failed step's queue is dropped by the next step's begin_step.
   batches.add(product(0, c));
   batches.begin_step();

@@ -10,6 +10,15 @@
 /// (the twentieth round's kernel profile, docs/performance.md "On a GPU"), each too small to fill
 /// the GPU. One call per shape launches them together.
 ///
+/// Only groups of shallow products are batched: inner dimension k at most depth_ratio() (16)
+/// times the larger of m and n. A batched call gives each product's output tiles to one thread
+/// block apiece, so a long reduction into a small output (the Gram matrix of a 3-wide convolution
+/// dimension: 3 x 3 from k = 196608 in ResNet-50 at block size 1024) runs serially on a few
+/// multiprocessors, where cuBLAS' single call splits k. On an H100, batching every group made
+/// ResNet-50's steady step 18.6 ms at block size 1024 and 8.3 ms at 256; leaving the deep groups to
+/// one call each made them 8.9-9.4 and 6.2-6.4 ms, the other sets unchanged (docs/performance.md,
+/// "On a GPU", twenty-third round).
+///
 /// The products of one run must be independent (no product reads another's output). Within a
 /// shape group the products keep their queue order; the groups run in order of first appearance.
 /// The pointer arrays a batched call reads live in the memory space and are uploaded only where
@@ -80,10 +89,15 @@ class GemmBatches {
       false;
 #endif
 
+  /// How much deeper (k) than wide (max(m, n)) a batched product may be by default (file comment).
+  static constexpr std::int64_t default_depth_ratio = 16;
+
   GemmBatches() = default;
   // A copy gets pointer arrays (and a cuBLAS handle) of its own: a shared array would hold the
   // other copy's pointers where this one's record says its own are.
-  GemmBatches(const GemmBatches& other) { reserve(static_cast<std::int64_t>(other.m_pointers.extent(0)) / 3); }
+  GemmBatches(const GemmBatches& other) : m_depth_ratio(other.m_depth_ratio) {
+    reserve(static_cast<std::int64_t>(other.m_pointers.extent(0)) / 3);
+  }
   GemmBatches& operator=(const GemmBatches& other) {
     if (this != &other) *this = GemmBatches(other);
     return *this;
@@ -111,6 +125,20 @@ class GemmBatches {
     m_queue.clear();
   }
 
+  /// Groups whose products have k > `ratio` max(m, n) run one by one where the BLAS batches.
+  void set_depth_ratio(std::int64_t ratio) noexcept { m_depth_ratio = ratio; }
+  [[nodiscard]] std::int64_t depth_ratio() const noexcept { return m_depth_ratio; }
+  /// Whether group `grp` is one batched call where the BLAS batches (batched_blas): more than one
+  /// product, shallow enough, and sizes the BLAS' int takes.
+  [[nodiscard]] bool fits_batch(const Group& grp) const noexcept {
+    // In double: ratio max(m, n) of int64 sizes can overflow.
+    return grp.count > 1 &&
+           static_cast<double>(grp.k) <=
+               static_cast<double>(m_depth_ratio) * static_cast<double>(std::max(grp.m, grp.n)) &&
+           fits_int(grp.m) && fits_int(grp.n) && fits_int(grp.k) && fits_int(grp.lda) && fits_int(grp.ldb) &&
+           fits_int(grp.ldc) && fits_int(grp.count);
+  }
+
   void add(const Product& p) { m_queue.push_back(p); }
   [[nodiscard]] bool empty() const noexcept { return m_queue.empty(); }
   [[nodiscard]] std::size_t size() const noexcept { return m_queue.size(); }
@@ -124,8 +152,7 @@ class GemmBatches {
     prepare(space);  // also where nothing batches: the same grouping and arrays everywhere (tested on the host)
     if constexpr (batched_blas) {
       for (const Group& grp : m_groups) {
-        if (grp.count > 1 && fits_int(grp.m) && fits_int(grp.n) && fits_int(grp.k) && fits_int(grp.lda) &&
-            fits_int(grp.ldb) && fits_int(grp.ldc) && fits_int(grp.count)) {
+        if (fits_batch(grp)) {
           launch_batched(space, grp);
           ++calls;
           continue;
@@ -280,6 +307,7 @@ class GemmBatches {
   std::vector<std::uintptr_t> m_staged, m_uploaded;  // this run's arrays; what the memory space holds
   pointer_view m_pointers;
   std::int64_t m_cursor = 0, m_uploads = 0;
+  std::int64_t m_depth_ratio = default_depth_ratio;
 };
 
 }  // namespace lather::impl::blas
