@@ -864,6 +864,83 @@ void root_inverse(benchmark::State& state, const char* name, const Strategy& str
       Result{.seconds = t};
 }
 
+// GemmBatches' depth rule (impl/backends/gemm_batches.hpp): `count` Gram products C = X^T X, m x m
+// from X of k x m (Shampoo's form for a block's first dimension), queued and run as one batched
+// call (depth ratio raised until the group fits) or one call per product (ratio 0), the same queue
+// and the same one-by-one routine as Shampoo's device path (a general product: Kokkos Kernels'
+// gemm, cuBLAS on CUDA). Where the batched call starts to lose as k / m grows is what the default
+// ratio (16) should be; it was set from two ResNet-50 shapes only (docs/performance.md, "On a
+// GPU"). Where there is no batched BLAS (host builds, HIP) both forms are the same calls: the host
+// registers one small cell so the smoke test runs the code. "calls" counts the BLAS calls a run made.
+void gemm_batches_depth(benchmark::State& state, std::int64_t m, std::int64_t k, std::int64_t count, bool batched) {
+  using Batches = lather::impl::blas::GemmBatches<ExecSpace, float, M>;
+  using Matrix = Kokkos::View<float**, Kokkos::LayoutLeft, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  Kokkos::View<float*, M> x("x", static_cast<std::size_t>(count * k * m)), c("c", static_cast<std::size_t>(count * m * m));
+  Kokkos::Random_XorShift64_Pool<ExecSpace> pool(11);
+  Kokkos::fill_random(x, pool, -1.0f, 1.0f);
+  Batches batches;
+  batches.reserve(count);
+  batches.set_depth_ratio(batched ? std::numeric_limits<std::int64_t>::max() : 0);
+  const ExecSpace space;
+  auto one = [&](const Batches::Product& p) {
+    const Matrix a(const_cast<float*>(p.a), static_cast<std::size_t>(p.lda), static_cast<std::size_t>(p.m));
+    const Matrix out(p.c, static_cast<std::size_t>(p.ldc), static_cast<std::size_t>(p.n));
+    lather::impl::kernels::gemm(space, "T", "N", 1.0f, a, a, 0.0f, out);
+  };
+  std::int64_t calls = 0;
+  auto run = [&] {
+    batches.begin_step();
+    for (std::int64_t i = 0; i < count; ++i) {
+      Batches::Product p;
+      p.ta = 'T';
+      p.tb = 'N';
+      p.m = p.n = m;
+      p.k = k;
+      p.a = p.b = x.data() + i * k * m;
+      p.lda = p.ldb = k;
+      p.c = c.data() + i * m * m;
+      p.ldc = m;
+      p.gram = true;
+      batches.add(p);
+    }
+    calls = batches.run(space, one);
+    space.fence();
+  };
+  run();  // untimed: the pointer arrays' upload, the cuBLAS handle, first-touch
+  const double t = timed_loop(state, run);
+  // The form named must be the form run: one call where the BLAS batches, else one per product.
+  const std::int64_t want = batched && Batches::batched_blas && count > 1 ? 1 : count;
+  if (calls != want) fail(state, "GemmBatches made a different number of calls than the form named");
+  // A general product's flops (the device has no batched SYRK; Shampoo's device Gram products are GEMMs).
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k) *
+                       static_cast<double>(count);
+  state.counters["GFLOP/s"] = t > 0 ? flops / t * 1e-9 : 0.0;
+  state.counters["calls"] = static_cast<double>(calls);
+  state.counters["k_over_m"] = static_cast<double>(k) / static_cast<double>(m);
+  results()["gemm_batches_depth/" + std::to_string(m) + "/" + std::to_string(k) + "/" + std::to_string(count) +
+            (batched ? "/batched" : "/one_by_one")] = Result{.seconds = t, .flops = flops};
+}
+
+// The (m, k, count) cells of gemm_batches_depth: on a GPU k / m from 1 to 65536 around the default
+// ratio 16 (k at most 262144: ResNet-50 at block size 1024 has 3 x 3 Gram products from 196608),
+// for output sizes from 3 x 3 to a 256 block, 2 to 64 products, at most 2^28 floats of X per cell
+// (1 GiB); on the host one small cell.
+struct DepthCell {
+  std::int64_t m, k, count;
+};
+std::vector<DepthCell> depth_cells(bool device) {
+  if (!device) return {{16, 256, 8}};
+  std::vector<DepthCell> cells;
+  for (const std::int64_t m : {3, 9, 32, 64, 128, 256})
+    for (const std::int64_t r : {1, 4, 16, 64, 256, 1024, 4096, 16384, 65536})
+      for (const std::int64_t count : {2, 8, 64}) {
+        const std::int64_t k = r * m;
+        if (k > 262144 || count * k * m > (std::int64_t{1} << 28)) continue;
+        cells.push_back({m, k, count});
+      }
+  return cells;
+}
+
 // Device-only benchmarks: compiled for CUDA and HIP alone (the host builds' suite and its compile
 // time stay as they were).
 #if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP)
@@ -988,6 +1065,14 @@ void register_all(bool smoke) {
           else
             b->MinTime(0.2);  // (Google Benchmark refuses both)
         }
+  for (const DepthCell& d : depth_cells(device_build))
+    for (const bool batched : {true, false}) {
+      auto* b = benchmark::RegisterBenchmark(("gemm_batches_depth/" + std::to_string(d.m) + "/" + std::to_string(d.k) +
+                                              "/" + std::to_string(d.count) + (batched ? "/batched" : "/one_by_one"))
+                                                 .c_str(),
+                                             gemm_batches_depth, d.m, d.k, d.count, batched);
+      b->UseManualTime()->Iterations(std::min(20, g_iterations_cap))->Unit(benchmark::kMicrosecond);
+    }
   benchmark::RegisterBenchmark("stream_triad", triad)
       ->UseManualTime()
       ->Iterations(std::min(20, g_iterations_cap))
@@ -1236,6 +1321,24 @@ void write_summary(const std::string& path, int threads) {
         << ms("eigen_root_inverse/double/" + sn) << " | "
         << ratio("eigen_root_inverse/double/" + sn, "syevd/double/" + sn) << " | "
         << ms("coupled_newton/double/" + sn) << " |\n";
+  }
+  // GemmBatches' depth rule (gemm_batches_depth): one batched call against one call per product.
+  bool depth_header = false;
+  for (const DepthCell& d : depth_cells(device_build)) {
+    const std::string base =
+        "gemm_batches_depth/" + std::to_string(d.m) + "/" + std::to_string(d.k) + "/" + std::to_string(d.count);
+    const Result *b = find(base + "/batched"), *o = find(base + "/one_by_one");
+    if (!b || !o) continue;
+    if (!depth_header) {
+      out << "\n| Gram products m x m from k | k / m | products | one batched call | one call each | "
+             "one call each / batched |\n| --- | ---: | ---: | ---: | ---: | ---: |\n";
+      depth_header = true;
+    }
+    std::snprintf(buf, sizeof buf, "| %lld x %lld from %lld | %lld | %lld | %.1f us | %.1f us | %.2f |\n",
+                  static_cast<long long>(d.m), static_cast<long long>(d.m), static_cast<long long>(d.k),
+                  static_cast<long long>(d.k / d.m), static_cast<long long>(d.count), b->seconds * 1e6,
+                  o->seconds * 1e6, b->seconds > 0 ? o->seconds / b->seconds : 0.0);
+    out << buf;
   }
   if (!device_build) return;
   // Device builds: what a steady step launches (a GPU step pays microseconds per kernel and a

@@ -38,7 +38,7 @@ lather_reliability_tests lather_checkpoint_tests lather_bench_suite"
 TARGETS=$(echo ${LATHER_GPU_RUN_TARGETS:-$DEFAULT_TARGETS})
 # On a GPU the suite's host-only parts (set_products, block_products, the host root inverses and
 # syevd) would time the GPU machine's CPU; they are left out.
-DEFAULT_FILTER='^(sgemm|stream_triad|adamw|shampoo/|shampoo_period|eigen_root_inverse_space|coupled_newton_space)'
+DEFAULT_FILTER='^(sgemm|stream_triad|adamw|shampoo/|shampoo_period|eigen_root_inverse_space|coupled_newton_space|gemm_batches_depth)'
 
 mode=${1:-}
 [ -n "$mode" ] || die "usage: scripts/gpu-run.sh bundle [DIR] | run [DIR] [OUT]"
