@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -871,8 +872,15 @@ void root_inverse(benchmark::State& state, const char* name, const Strategy& str
 // gemm, cuBLAS on CUDA). Where the batched call starts to lose as k / m grows is what the default
 // ratio (16) should be; it was set from two ResNet-50 shapes only (docs/performance.md, "On a
 // GPU"). Where there is no batched BLAS (host builds, HIP) both forms are the same calls: the host
-// registers one small cell so the smoke test runs the code. "calls" counts the BLAS calls a run made.
-void gemm_batches_depth(benchmark::State& state, std::int64_t m, std::int64_t k, std::int64_t count, bool batched) {
+// registers two small cells so the smoke test runs the code. "calls" counts the BLAS calls a run made.
+// The third form, "split", is GemmBatches::set_split for every output size (Shampoo's default splits
+// outputs of at most 32 rows): products deeper than 2048 become batched chunks of 2048 rows and an
+// adding kernel. The batched and split results are checked against one call per product.
+enum class DepthForm { batched, one_by_one, split };
+const char* depth_form_name(DepthForm f) {
+  return f == DepthForm::batched ? "/batched" : f == DepthForm::one_by_one ? "/one_by_one" : "/split";
+}
+void gemm_batches_depth(benchmark::State& state, std::int64_t m, std::int64_t k, std::int64_t count, DepthForm form) {
   using Batches = lather::impl::blas::GemmBatches<ExecSpace, float, M>;
   using Matrix = Kokkos::View<float**, Kokkos::LayoutLeft, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   Kokkos::View<float*, M> x("x", static_cast<std::size_t>(count * k * m)), c("c", static_cast<std::size_t>(count * m * m));
@@ -880,16 +888,24 @@ void gemm_batches_depth(benchmark::State& state, std::int64_t m, std::int64_t k,
   Kokkos::fill_random(x, pool, -1.0f, 1.0f);
   Batches batches;
   batches.reserve(count);
-  batches.set_depth_ratio(batched ? std::numeric_limits<std::int64_t>::max() : 0);
+  const auto configure = [](Batches& b, DepthForm f) {
+    b.set_depth_ratio(f == DepthForm::batched      ? std::numeric_limits<std::int64_t>::max()
+                      : f == DepthForm::one_by_one ? 0
+                                                   : Batches::default_depth_ratio);
+    b.set_split(f == DepthForm::split ? std::numeric_limits<std::int64_t>::max() : 0, Batches::default_split_chunk);
+  };
+  configure(batches, form);
   const ExecSpace space;
   auto one = [&](const Batches::Product& p) {
-    const Matrix a(const_cast<float*>(p.a), static_cast<std::size_t>(p.lda), static_cast<std::size_t>(p.m));
+    // The first k rows of X's lda (a chunk of a split product is a slice of X).
+    const auto a = Kokkos::subview(Matrix(const_cast<float*>(p.a), static_cast<std::size_t>(p.lda), static_cast<std::size_t>(p.m)),
+                                   Kokkos::make_pair(std::int64_t(0), p.k), Kokkos::ALL);
     const Matrix out(p.c, static_cast<std::size_t>(p.ldc), static_cast<std::size_t>(p.n));
     lather::impl::kernels::gemm(space, "T", "N", 1.0f, a, a, 0.0f, out);
   };
   std::int64_t calls = 0;
-  auto run = [&] {
-    batches.begin_step();
+  auto queue = [&](Batches& b, const Kokkos::View<float*, M>& into) {
+    b.begin_step();
     for (std::int64_t i = 0; i < count; ++i) {
       Batches::Product p;
       p.ta = 'T';
@@ -898,19 +914,49 @@ void gemm_batches_depth(benchmark::State& state, std::int64_t m, std::int64_t k,
       p.k = k;
       p.a = p.b = x.data() + i * k * m;
       p.lda = p.ldb = k;
-      p.c = c.data() + i * m * m;
+      p.c = into.data() + i * m * m;
       p.ldc = m;
       p.gram = true;
-      batches.add(p);
+      b.add(p);
     }
-    calls = batches.run(space, one);
+    const std::int64_t made = b.run(space, one);
     space.fence();
+    return made;
   };
+  auto run = [&] { calls = queue(batches, c); };
   run();  // untimed: the pointer arrays' upload, the cuBLAS handle, first-touch
   const double t = timed_loop(state, run);
-  // The form named must be the form run: one call where the BLAS batches, else one per product.
-  const std::int64_t want = batched && Batches::batched_blas && count > 1 ? 1 : count;
+  // The form named must be the form run: one call where the BLAS batches, else one per product;
+  // split: the chunks (one call per chunk shape where the BLAS batches) and the adding kernel.
+  const std::int64_t ratio = Batches::default_depth_ratio;
+  const std::int64_t kc = std::max(ratio * m, Batches::default_split_chunk), chunks = (k + kc - 1) / kc;
+  const bool batches_whole = Batches::batched_blas && count > 1 &&
+                             (form == DepthForm::batched || (form == DepthForm::split && k <= ratio * m));
+  const std::int64_t want = form == DepthForm::split && k > kc
+                                ? (Batches::batched_blas ? (k % kc == 0 ? 1 : 2) : count * chunks) + 1
+                                : batches_whole ? 1 : count;
   if (calls != want) fail(state, "GemmBatches made a different number of calls than the form named");
+  if (form != DepthForm::one_by_one) {  // the lower triangles against one call per product
+    Kokkos::View<float*, M> c1("c1", static_cast<std::size_t>(count * m * m));
+    Batches ref;
+    configure(ref, DepthForm::one_by_one);
+    queue(ref, c1);
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, c);
+    const auto h1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, c1);
+    double diff = 0, scale = 0;
+    for (std::int64_t i = 0; i < count; ++i)
+      for (std::int64_t col = 0; col < m; ++col)
+        for (std::int64_t row = col; row < m; ++row) {
+          const auto e = static_cast<std::size_t>(i * m * m + col * m + row);
+          diff = std::max(diff, std::abs(static_cast<double>(h(e)) - static_cast<double>(h1(e))));
+          scale = std::max(scale, std::abs(static_cast<double>(h1(e))));
+        }
+    state.counters["rel_diff"] = scale > 0 ? diff / scale : diff;
+    // Float sums of k products in another order differ by about sqrt(k) u of the largest entry
+    // (an H100's batched 64 x 64 from 262144: 7.4e-5); a chunk missed or repeated, by 1/chunks.
+    const double tolerance = std::max(1e-5, 8.0 * std::sqrt(static_cast<double>(k)) * std::numeric_limits<float>::epsilon());
+    if (!(diff <= tolerance * scale)) fail(state, "the batched or split products differ from one call per product");
+  }
   // A general product's flops (the device has no batched SYRK; Shampoo's device Gram products are GEMMs).
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(k) *
                        static_cast<double>(count);
@@ -918,7 +964,7 @@ void gemm_batches_depth(benchmark::State& state, std::int64_t m, std::int64_t k,
   state.counters["calls"] = static_cast<double>(calls);
   state.counters["k_over_m"] = static_cast<double>(k) / static_cast<double>(m);
   results()["gemm_batches_depth/" + std::to_string(m) + "/" + std::to_string(k) + "/" + std::to_string(count) +
-            (batched ? "/batched" : "/one_by_one")] = Result{.seconds = t, .flops = flops};
+            depth_form_name(form)] = Result{.seconds = t, .flops = flops};
 }
 
 // The (m, k, count) cells of gemm_batches_depth: on a GPU k / m from 1 to 65536 around the default
@@ -929,7 +975,7 @@ struct DepthCell {
   std::int64_t m, k, count;
 };
 std::vector<DepthCell> depth_cells(bool device) {
-  if (!device) return {{16, 256, 8}};
+  if (!device) return {{16, 256, 8}, {4, 4100, 2}};  // the second split in three chunks
   std::vector<DepthCell> cells;
   for (const std::int64_t m : {3, 9, 32, 64, 128, 256})
     for (const std::int64_t r : {1, 4, 16, 64, 256, 1024, 4096, 16384, 65536})
@@ -1066,11 +1112,11 @@ void register_all(bool smoke) {
             b->MinTime(0.2);  // (Google Benchmark refuses both)
         }
   for (const DepthCell& d : depth_cells(device_build))
-    for (const bool batched : {true, false}) {
+    for (const DepthForm form : {DepthForm::batched, DepthForm::one_by_one, DepthForm::split}) {
       auto* b = benchmark::RegisterBenchmark(("gemm_batches_depth/" + std::to_string(d.m) + "/" + std::to_string(d.k) +
-                                              "/" + std::to_string(d.count) + (batched ? "/batched" : "/one_by_one"))
+                                              "/" + std::to_string(d.count) + depth_form_name(form))
                                                  .c_str(),
-                                             gemm_batches_depth, d.m, d.k, d.count, batched);
+                                             gemm_batches_depth, d.m, d.k, d.count, form);
       b->UseManualTime()->Iterations(std::min(20, g_iterations_cap))->Unit(benchmark::kMicrosecond);
     }
   benchmark::RegisterBenchmark("stream_triad", triad)
@@ -1322,22 +1368,25 @@ void write_summary(const std::string& path, int threads) {
         << ratio("eigen_root_inverse/double/" + sn, "syevd/double/" + sn) << " | "
         << ms("coupled_newton/double/" + sn) << " |\n";
   }
-  // GemmBatches' depth rule (gemm_batches_depth): one batched call against one call per product.
+  // GemmBatches' depth rule (gemm_batches_depth): one batched call and the split against one call
+  // per product.
   bool depth_header = false;
   for (const DepthCell& d : depth_cells(device_build)) {
     const std::string base =
         "gemm_batches_depth/" + std::to_string(d.m) + "/" + std::to_string(d.k) + "/" + std::to_string(d.count);
-    const Result *b = find(base + "/batched"), *o = find(base + "/one_by_one");
-    if (!b || !o) continue;
+    const Result *b = find(base + "/batched"), *o = find(base + "/one_by_one"), *sp = find(base + "/split");
+    if (!b || !o || !sp) continue;
     if (!depth_header) {
       out << "\n| Gram products m x m from k | k / m | products | one batched call | one call each | "
-             "one call each / batched |\n| --- | ---: | ---: | ---: | ---: | ---: |\n";
+             "one call each / batched | split in chunks of 2048 | one call each / split |\n"
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
       depth_header = true;
     }
-    std::snprintf(buf, sizeof buf, "| %lld x %lld from %lld | %lld | %lld | %.1f us | %.1f us | %.2f |\n",
+    std::snprintf(buf, sizeof buf, "| %lld x %lld from %lld | %lld | %lld | %.1f us | %.1f us | %.2f | %.1f us | %.2f |\n",
                   static_cast<long long>(d.m), static_cast<long long>(d.m), static_cast<long long>(d.k),
                   static_cast<long long>(d.k / d.m), static_cast<long long>(d.count), b->seconds * 1e6,
-                  o->seconds * 1e6, b->seconds > 0 ? o->seconds / b->seconds : 0.0);
+                  o->seconds * 1e6, b->seconds > 0 ? o->seconds / b->seconds : 0.0, sp->seconds * 1e6,
+                  sp->seconds > 0 ? o->seconds / sp->seconds : 0.0);
     out << buf;
   }
   if (!device_build) return;

@@ -34,11 +34,28 @@ struct Shape {
   std::int64_t pad = 0;  // A's leading dimension beyond the least it can be
 };
 
+// One product through Kokkos Kernels' gemm (a caller's one-by-one routine): op(A) and op(B) are
+// the first rows of their leading dimensions (Kokkos Kernels' device gemm checks A's rows against
+// C's; a chunk of a split product is a slice of a longer X).
+template <class T, class ExecSpace, class Product>
+void gemm_one(const ExecSpace& space, const Product& q) {
+  using M = typename ExecSpace::memory_space;
+  using matrix = Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::Device<ExecSpace, M>, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const auto sub = [](const T* data, std::int64_t ld, std::int64_t rows, std::int64_t cols) {
+    return Kokkos::subview(matrix(const_cast<T*>(data), static_cast<std::size_t>(ld), static_cast<std::size_t>(cols)),
+                           Kokkos::make_pair(std::int64_t(0), rows), Kokkos::ALL);
+  };
+  const char ta[2] = {q.ta, '\0'}, tb[2] = {q.tb, '\0'};
+  const auto ma = sub(q.a, q.lda, q.ta == 'N' ? q.m : q.k, q.ta == 'N' ? q.k : q.m);
+  const auto mb = sub(q.b, q.ldb, q.tb == 'N' ? q.k : q.n, q.tb == 'N' ? q.n : q.k);
+  const matrix mc(q.c, static_cast<std::size_t>(q.ldc), static_cast<std::size_t>(q.n));
+  lather::impl::kernels::gemm(space, ta, tb, T(1), ma, mb, T(0), mc);
+}
+
 template <class T, class ExecSpace>
 void impl_test_gemm_batches() {
   using M = typename ExecSpace::memory_space;
   using Batches = lather::impl::blas::GemmBatches<ExecSpace, T, M>;
-  using matrix = Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::Device<ExecSpace, M>, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   // Shapes interleaved in the queue: two that differ only in a transpose, one only in A's
   // leading dimension, single products (sizes 1, 2, 3, 13, 17, 33, 40 among the dimensions).
   const std::vector<Shape> shapes{{'N', 'N', 13, 3, 2},  {'T', 'N', 13, 13, 40}, {'N', 'T', 13, 3, 2},
@@ -112,14 +129,7 @@ void impl_test_gemm_batches() {
   std::int64_t one_calls = 0;
   auto one = [&](const typename Batches::Product& q) {
     ++one_calls;
-    const char ta[2] = {q.ta, '\0'}, tb[2] = {q.tb, '\0'};
-    // A's first op rows of its lda: Kokkos Kernels' device gemm checks A's rows against C's.
-    const auto ma = Kokkos::subview(
-        matrix(const_cast<T*>(q.a), static_cast<std::size_t>(q.lda), static_cast<std::size_t>(q.ta == 'N' ? q.k : q.m)),
-        Kokkos::make_pair(std::int64_t(0), q.ta == 'N' ? q.m : q.k), Kokkos::ALL);
-    const matrix mb(const_cast<T*>(q.b), static_cast<std::size_t>(q.ldb), static_cast<std::size_t>(q.tb == 'N' ? q.n : q.k));
-    const matrix mc(q.c, static_cast<std::size_t>(q.ldc), static_cast<std::size_t>(q.n));
-    lather::impl::kernels::gemm(space, ta, tb, T(1), ma, mb, T(0), mc);
+    gemm_one<T>(space, q);
   };
   auto check_values = [&](const Kokkos::View<T*, M>& out) {
     space.fence();
@@ -276,7 +286,191 @@ void impl_test_gemm_batches() {
   CHECK(batches.run(space, one) == 0);
 }
 
+// Split deep Gram products (set_split): X^T X and X X^T of small outputs from long reductions run
+// as chunks of the reduction into partial outputs that one kernel adds. Forced on here with chunk
+// 2048 on every space (the default is on only where the BLAS batches); the one-by-one routine
+// reads A with its leading dimension, as set_split asks. X's entries are multiples of 1/2 in
+// [-1, 1], so that every product is a multiple of 1/4 and every partial sum (at most 5000 in
+// magnitude, 20000 quarters < 2^24) is exact in float: whatever the order of the sums (chunks,
+// cuBLAS' blocking), a right split gives the exact Gram matrix, and a chunk missed, repeated or
+// misplaced shows as a difference.
+template <class T, class ExecSpace>
+void impl_test_gemm_batches_split() {
+  using M = typename ExecSpace::memory_space;
+  using Batches = lather::impl::blas::GemmBatches<ExecSpace, T, M>;
+  struct Gram {
+    bool transpose_first;  // X^T X of a k x m X ('T','N'), else X X^T of an m x k X ('N','T')
+    std::int64_t m, k, pad;
+    bool gram = true;
+    std::int64_t chunks = 1;  // what run() should make of it with max output 32, chunk 2048
+  };
+  // Split: 3 x 3 from 5000 (chunks 2048, 2048, 904), twice (a group of chunks of two products),
+  // once with a padded X; 13 x 13 from 4096 (exactly two chunks) as X X^T with padding; 1 x 1 from
+  // 2049 (2048 + 1); 32 x 32 from 2049 (the largest output split). Not split: 33 x 33 from 6000
+  // (too wide), 13 x 13 from 2048 (not deeper than a chunk), 2 x 2 from 5000 not a Gram product.
+  const std::vector<Gram> grams{{true, 3, 5000, 0, true, 3},  {false, 13, 4096, 2, true, 2}, {true, 3, 5000, 0, true, 3},
+                                {true, 33, 6000, 0, true, 1}, {true, 1, 2049, 0, true, 2},   {true, 13, 2048, 0, true, 1},
+                                {true, 3, 5000, 5, true, 3},  {true, 2, 5000, 0, false, 1},  {true, 32, 2049, 0, true, 2}};
+  const auto rows_of = [](const Gram& g) { return (g.transpose_first ? g.k : g.m) + g.pad; };  // X's lda
+  const auto cols_of = [](const Gram& g) { return g.transpose_first ? g.m : g.k; };
+  std::vector<std::int64_t> x_at, c_at;
+  std::int64_t x_total = 0, c_total = 0;
+  for (const auto& g : grams) {
+    x_at.push_back(x_total);
+    c_at.push_back(c_total);
+    x_total += rows_of(g) * cols_of(g);
+    c_total += g.m * g.m;
+  }
+  Kokkos::View<T*, M> x("x", static_cast<std::size_t>(x_total)), c("c", static_cast<std::size_t>(c_total)),
+      c_plain("c_plain", static_cast<std::size_t>(c_total));
+  const auto hx = lather::test::random_values(static_cast<std::size_t>(x_total), 21);
+  {
+    auto mx = Kokkos::create_mirror_view(x);
+    for (std::size_t i = 0; i < hx.size(); ++i) mx(i) = static_cast<T>(std::round(2.0 * hx[i]) / 2.0);
+    Kokkos::deep_copy(x, mx);
+  }
+  auto product = [&](std::size_t p, const Kokkos::View<T*, M>& out) {
+    const Gram& g = grams[p];
+    typename Batches::Product q;
+    q.ta = g.transpose_first ? 'T' : 'N';
+    q.tb = g.transpose_first ? 'N' : 'T';
+    q.m = q.n = g.m;
+    q.k = g.k;
+    q.a = q.b = x.data() + x_at[p];
+    q.lda = q.ldb = rows_of(g);
+    q.c = out.data() + c_at[p];
+    q.ldc = g.m;
+    q.gram = g.gram;
+    return q;
+  };
+  const ExecSpace space;
+  std::int64_t one_calls = 0;
+  auto one = [&](const typename Batches::Product& q) {
+    ++one_calls;
+    gemm_one<T>(space, q);
+  };
+  // The lower triangles against the exact sums (file comment above: no rounding anywhere).
+  auto check_values = [&](const Kokkos::View<T*, M>& out) {
+    space.fence();
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+    for (std::size_t p = 0; p < grams.size(); ++p) {
+      const Gram& g = grams[p];
+      const std::int64_t ld = rows_of(g);
+      double worst = 0;
+      for (std::int64_t j = 0; j < g.m; ++j)
+        for (std::int64_t i = j; i < g.m; ++i) {
+          long double sum = 0;
+          for (std::int64_t l = 0; l < g.k; ++l) {
+            const auto xi = static_cast<std::size_t>(x_at[p] + (g.transpose_first ? l + i * ld : i + l * ld));
+            const auto xj = static_cast<std::size_t>(x_at[p] + (g.transpose_first ? l + j * ld : j + l * ld));
+            sum += static_cast<long double>(std::round(2.0 * hx[xi]) / 2.0) * (std::round(2.0 * hx[xj]) / 2.0);
+          }
+          worst = std::max(worst, std::abs(static_cast<double>(h(static_cast<std::size_t>(c_at[p] + i + j * g.m))) -
+                                           static_cast<double>(sum)));
+        }
+      CAPTURE(p);
+      CHECK(worst == 0.0);
+    }
+  };
+
+  Batches batches;
+  CHECK(batches.split_max_output() == (Batches::batched_blas ? 32 : 0));
+  CHECK(batches.split_chunk() == 2048);
+  batches.set_split(32, 2048);
+  // The decision per product.
+  std::int64_t split_count = 0, pieces = 0;
+  for (std::size_t p = 0; p < grams.size(); ++p) {
+    CAPTURE(p);
+    CHECK(batches.splits(product(p, c)) == (grams[p].chunks > 1));
+    split_count += grams[p].chunks > 1 ? 1 : 0;
+    pieces += grams[p].chunks;
+  }
+  CHECK(batches.chunk_rows(product(0, c)) == 2048);
+  CHECK(batches.chunk_rows(product(5, c)) == 2048);
+  // Invalid settings name the option and change nothing.
+  CHECK_THROWS_WITH_AS(batches.set_split(-1, 2048), doctest::Contains("max_output = -1"), lather::invalid_argument);
+  CHECK_THROWS_WITH_AS(batches.set_split(32, 0), doctest::Contains("chunk = 0"), lather::invalid_argument);
+  CHECK(batches.split_max_output() == 32);
+  CHECK(batches.split_chunk() == 2048);
+  // Chunk groups after the split, as prepare() forms them (the unsplit products keep theirs).
+  // 3 x 3 from 5000: chunks of 2048 (6 of them, three products' first two) and of 904 (3), the
+  // padded product's apart (its lda); the others one group per chunk shape.
+  auto step = [&](bool second_run) {
+    if (!second_run) batches.begin_step();
+    for (std::size_t p = 0; p < grams.size(); ++p) batches.add(product(p, c));
+    one_calls = 0;
+    const std::int64_t calls = batches.run(space, one);
+    CHECK(batches.split_products() == split_count);
+    std::int64_t chunk_groups = 0, plain_groups = 0, chunk_products = 0;
+    for (const auto& grp : batches.groups()) {
+      chunk_groups += grp.chunk ? 1 : 0;
+      plain_groups += grp.chunk ? 0 : 1;
+      chunk_products += grp.chunk ? grp.count : 0;
+      if (grp.chunk) CHECK(batches.fits_batch(grp));
+    }
+    CHECK(chunk_products == pieces - (static_cast<std::int64_t>(grams.size()) - split_count));
+    // 3x3 (2048, lda 5000), 3x3 (904, lda 5000), 3x3 (2048, lda 5005), 3x3 (904, lda 5005),
+    // 13x13 (2048, lda 15), 1x1 (2048), 1x1 (1), 32x32 (2048), 32x32 (1).
+    CHECK(chunk_groups == 9);
+    CHECK(plain_groups == 3);
+    // One call per group where the BLAS batches (the unsplit single products one by one), else
+    // one per product; plus the adding kernel.
+    const std::int64_t expected = Batches::batched_blas ? chunk_groups + plain_groups + 1
+                                                        : chunk_products + plain_groups + 1;
+    CHECK(calls == expected);
+    CHECK(one_calls == (Batches::batched_blas ? plain_groups : chunk_products + plain_groups));
+  };
+  step(false);
+  CHECK(batches.reduction_uploads() == 1);
+  const auto uploads = batches.uploads();
+  check_values(c);
+  // A steady step: the same chunks, partial outputs and jobs at the same places; nothing uploaded.
+  Kokkos::deep_copy(c, T(0));
+  step(false);
+  CHECK(batches.reduction_uploads() == 1);
+  CHECK(batches.uploads() == uploads);
+  check_values(c);
+  // A second run in the step: its partial outputs and jobs after the first run's (new places,
+  // uploaded once), then steady again over two steps.
+  step(true);
+  CHECK(batches.reduction_uploads() == 2);
+  check_values(c);
+  for (int again = 0; again < 2; ++again) {
+    Kokkos::deep_copy(c, T(0));
+    step(false);
+    step(true);
+  }
+  CHECK(batches.reduction_uploads() == 3);  // the table grew at the first second run: re-uploaded once
+  check_values(c);
+  // A copy keeps the setting and has buffers of its own.
+  Batches copy = batches;
+  CHECK(copy.split_max_output() == 32);
+  CHECK(copy.split_chunk() == 2048);
+  copy.begin_step();
+  for (std::size_t p = 0; p < grams.size(); ++p) copy.add(product(p, c_plain));
+  copy.run(space, one);
+  CHECK(copy.split_products() == split_count);
+  check_values(c_plain);
+  // Off: nothing split, the same values within the bound.
+  Batches plain;
+  plain.set_split(0, 2048);
+  for (std::size_t p = 0; p < grams.size(); ++p) CHECK(!plain.splits(product(p, c_plain)));
+  Kokkos::deep_copy(c_plain, T(0));
+  for (std::size_t p = 0; p < grams.size(); ++p) plain.add(product(p, c_plain));
+  plain.run(space, one);
+  CHECK(plain.split_products() == 0);
+  CHECK(plain.reduction_uploads() == 0);
+  check_values(c_plain);
+}
+
 }  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("GemmBatches: deep Gram products of small outputs split into batched chunks and added",
+                          ExecSpace, gemm_batches_split) {
+  impl_test_gemm_batches_split<float, ExecSpace>();
+  impl_test_gemm_batches_split<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(gemm_batches_split, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("GemmBatches: products grouped by shape, pointer arrays uploaded only where they changed",
                           ExecSpace, gemm_batches) {

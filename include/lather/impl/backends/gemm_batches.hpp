@@ -25,6 +25,17 @@
 /// they changed since the same position of the previous step (begin_step()): steady steps queue
 /// the same products, so they upload nothing (no host-to-device copy, which would wait for the
 /// stream).
+///
+/// Deep Gram products of small outputs are split instead (set_split(); on by default where the
+/// BLAS batches): X^T X of a k x m X with m <= 32 and k > max(16 m, 2048) becomes chunks of 2048
+/// rows of X, batched by shape like shallow products into partial outputs, which one kernel adds
+/// in chunk order into C's lower triangle. A batched call cannot split k and a single call for such
+/// a product is slow (32 x 32 from k = 131072: 725 us on an H100, 370 GFLOP/s), so one call per
+/// product was the slowest part of these groups: on an H100, 8 products of 32 x 32 from 32768 took
+/// 1509 us one by one, 873 us batched and 131 us split, and ResNet-50's steady step went from
+/// 6.30-6.32 to 5.86-5.91 ms at block size 256 and from 8.90-8.93 to 8.62-8.71 ms at 1024
+/// (docs/performance.md, "On a GPU", twenty-fifth round). Larger outputs stay as they were: split,
+/// 8 products of 128 x 128 from 32768 took 893 us, one by one 351 us.
 #ifndef LATHER_IMPL_BACKENDS_GEMM_BATCHES_HPP
 #define LATHER_IMPL_BACKENDS_GEMM_BATCHES_HPP
 
@@ -71,6 +82,9 @@ class GemmBatches {
     T* c = nullptr;
     std::int64_t ldc = 1;
     bool gram = false;
+    /// A chunk of a split product's reduction (set by run(), not by callers): A's and B's leading
+    /// dimensions may exceed the rows op(A) and op(B) read.
+    bool chunk = false;
   };
   /// Products of one shape: `count` products whose A, B, C pointers are at `first`, `first +
   /// count` and `first + 2 count` of pointer_table().
@@ -78,6 +92,31 @@ class GemmBatches {
     char ta = 'N', tb = 'N';
     std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
     std::int64_t count = 0, first = 0;
+    bool chunk = false;  // chunks of split products: one batched call also for a single product
+  };
+  /// A split product's partial outputs (`chunks` m x m matrices, one after the other) to be added
+  /// into its C. Public only because nvcc's kernel stubs name the kernel's types outside the class.
+  struct Reduction {
+    T* c = nullptr;
+    std::int64_t ldc = 0, m = 0;
+    const T* partial = nullptr;
+    std::int64_t chunks = 0;
+  };
+  /// C's lower triangle = the sum of the partial outputs in chunk order; one team per product.
+  struct AddPartials {
+    Kokkos::View<const Reduction*, MemorySpace> jobs;
+    template <class Member>
+    KOKKOS_FUNCTION void operator()(const Member& team) const {
+      const Reduction& r = jobs(team.league_rank());
+      const std::int64_t mm = r.m * r.m;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mm), [&](std::int64_t e) {
+        const std::int64_t i = e % r.m, j = e / r.m;
+        if (i < j) return;
+        T sum = 0;
+        for (std::int64_t q = 0; q < r.chunks; ++q) sum += r.partial[q * mm + e];
+        r.c[i + j * r.ldc] = sum;
+      });
+    }
   };
   using pointer_view = Kokkos::View<std::uintptr_t*, MemorySpace>;
 
@@ -91,11 +130,17 @@ class GemmBatches {
 
   /// How much deeper (k) than wide (max(m, n)) a batched product may be by default (file comment).
   static constexpr std::int64_t default_depth_ratio = 16;
+  /// Default split (file comment): outputs of at most 32 rows where the BLAS batches, else none
+  /// (a host BLAS call splits a deep product over its threads itself); chunks of 2048.
+  static constexpr std::int64_t default_split_max_output = batched_blas ? 32 : 0;
+  static constexpr std::int64_t default_split_chunk = 2048;
 
   GemmBatches() = default;
   // A copy gets pointer arrays (and a cuBLAS handle) of its own: a shared array would hold the
   // other copy's pointers where this one's record says its own are.
-  GemmBatches(const GemmBatches& other) : m_depth_ratio(other.m_depth_ratio) {
+  GemmBatches(const GemmBatches& other)
+      : m_depth_ratio(other.m_depth_ratio), m_split_max_output(other.m_split_max_output),
+        m_split_chunk(other.m_split_chunk) {
     reserve(static_cast<std::int64_t>(other.m_pointers.extent(0)) / 3);
   }
   GemmBatches& operator=(const GemmBatches& other) {
@@ -109,6 +154,7 @@ class GemmBatches {
   /// Room for `products` queued products per step (pointer arrays); more grow them (with a fence).
   void reserve(std::int64_t products) {
     m_queue.reserve(static_cast<std::size_t>(products));
+    m_split_queue.reserve(static_cast<std::size_t>(products));
     m_group_of.reserve(static_cast<std::size_t>(products));
     m_staged.reserve(static_cast<std::size_t>(3 * products));
     if (static_cast<std::int64_t>(m_pointers.extent(0)) < 3 * products) {
@@ -122,15 +168,43 @@ class GemmBatches {
   /// previous one did finds them in place. Drops what a failed step left queued.
   void begin_step() noexcept {
     m_cursor = 0;
+    m_partial_cursor = 0;
+    m_reduction_cursor = 0;
     m_queue.clear();
   }
 
   /// Groups whose products have k > `ratio` max(m, n) run one by one where the BLAS batches.
   void set_depth_ratio(std::int64_t ratio) noexcept { m_depth_ratio = ratio; }
   [[nodiscard]] std::int64_t depth_ratio() const noexcept { return m_depth_ratio; }
+  /// Gram products (B == A, 'T','N' or 'N','T') with m <= `max_output` and k > max(depth_ratio m,
+  /// `chunk`) run as chunks of that many rows of the reduction plus one adding kernel (file
+  /// comment). `max_output` 0 turns it off. Where it is on, the one-by-one routine given to run()
+  /// must read op(A) and op(B) with their leading dimensions (a chunk's lda exceeds its rows), as
+  /// it runs the chunks where there is no batched BLAS.
+  void set_split(std::int64_t max_output, std::int64_t chunk) {
+    LATHER_THROW_IF(max_output < 0 || chunk < 1, "lather::GemmBatches::set_split: max_output = ", max_output,
+                    " must be >= 0 (0: off) and chunk = ", chunk, " >= 1");
+    m_split_max_output = max_output;
+    m_split_chunk = chunk;
+  }
+  [[nodiscard]] std::int64_t split_max_output() const noexcept { return m_split_max_output; }
+  [[nodiscard]] std::int64_t split_chunk() const noexcept { return m_split_chunk; }
+  /// Whether the Gram product `p` is split (set_split), and the rows of its reduction per chunk.
+  [[nodiscard]] bool splits(const Product& p) const noexcept {
+    const std::int64_t kc = chunk_rows(p);
+    return m_split_max_output > 0 && p.gram && p.m == p.n && p.m <= m_split_max_output && p.k > kc &&
+           ((p.ta == 'T' && p.tb == 'N') || (p.ta == 'N' && p.tb == 'T')) && fits_int(p.m) && fits_int(kc) &&
+           fits_int(p.lda) && fits_int(p.ldb);
+  }
+  [[nodiscard]] std::int64_t chunk_rows(const Product& p) const noexcept {
+    // In double: ratio m of int64 sizes can overflow.
+    const double deep = static_cast<double>(m_depth_ratio) * static_cast<double>(p.m);
+    return deep >= static_cast<double>(p.k) ? p.k : std::max(static_cast<std::int64_t>(deep), m_split_chunk);
+  }
   /// Whether group `grp` is one batched call where the BLAS batches (batched_blas): more than one
-  /// product, shallow enough, and sizes the BLAS' int takes.
+  /// product, shallow enough, and sizes the BLAS' int takes; chunks of split products always.
   [[nodiscard]] bool fits_batch(const Group& grp) const noexcept {
+    if (grp.chunk) return true;  // splits() checked their sizes
     // In double: ratio max(m, n) of int64 sizes can overflow.
     return grp.count > 1 &&
            static_cast<double>(grp.k) <=
@@ -149,6 +223,7 @@ class GemmBatches {
   std::int64_t run(const ExecSpace& space, OneByOne&& one) {
     if (m_queue.empty()) return 0;
     std::int64_t calls = 0;
+    split_deep(space);
     prepare(space);  // also where nothing batches: the same grouping and arrays everywhere (tested on the host)
     if constexpr (batched_blas) {
       for (const Group& grp : m_groups) {
@@ -170,6 +245,10 @@ class GemmBatches {
       }
     }
     m_queue.clear();
+    if (m_reduction_count > 0) {
+      add_partials(space);
+      ++calls;
+    }
     return calls;
   }
 
@@ -178,6 +257,9 @@ class GemmBatches {
   [[nodiscard]] const pointer_view& pointer_table() const noexcept { return m_pointers; }
   /// Host-to-memory-space copies of pointer arrays made so far (0 in steady steps).
   [[nodiscard]] std::int64_t uploads() const noexcept { return m_uploads; }
+  /// Products the last run split, and host-to-memory-space copies of their adding jobs so far.
+  [[nodiscard]] std::int64_t split_products() const noexcept { return m_reduction_count; }
+  [[nodiscard]] std::int64_t reduction_uploads() const noexcept { return m_reduction_uploads; }
 
  private:
   // Groups the queue by shape and uploads the pointer arrays that changed (ordered on `space`).
@@ -187,7 +269,7 @@ class GemmBatches {
     for (const Product& p : m_queue) {
       std::size_t g = 0;
       while (g < m_groups.size() && !same_shape(m_groups[g], p)) ++g;
-      if (g == m_groups.size()) m_groups.push_back({p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, 0, 0});
+      if (g == m_groups.size()) m_groups.push_back({p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, 0, 0, p.chunk});
       ++m_groups[g].count;
       m_group_of.push_back(g);
     }
@@ -221,29 +303,118 @@ class GemmBatches {
       hi = m_cursor + e + 1;
     }
     if (lo >= 0) {
-      using host_view = Kokkos::View<const std::uintptr_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-      const host_view src(m_uploaded.data() + lo, static_cast<std::size_t>(hi - lo));
-      const auto dst = Kokkos::subview(m_pointers, Kokkos::make_pair(lo, hi));
-      // As impl::kernels::UploadedTable: CUDA has staged pageable bytes when cudaMemcpyAsync
-      // returns; elsewhere wait, so that later changes to m_uploaded cannot race the copy.
-      if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
-        Kokkos::deep_copy(dst, src);
-      } else {
-        Kokkos::deep_copy(space, dst, src);
-#if !defined(KOKKOS_ENABLE_CUDA)
-        space.fence();
-#else
-        if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
-#endif
-      }
+      upload(space, m_pointers, m_uploaded, lo, hi);
       ++m_uploads;
     }
     m_cursor += 3 * total;
   }
 
+  // Copies held[lo, hi) to the same positions of `table` in the memory space, ordered on `space`.
+  // As impl::kernels::UploadedTable: CUDA has staged pageable bytes when cudaMemcpyAsync returns;
+  // elsewhere wait, so that later changes to `held` cannot race the copy.
+  template <class E>
+  static void upload(const ExecSpace& space, const Kokkos::View<E*, MemorySpace>& table, const std::vector<E>& held,
+                     std::int64_t lo, std::int64_t hi) {
+    using host_view = Kokkos::View<const E*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    const host_view src(held.data() + lo, static_cast<std::size_t>(hi - lo));
+    const auto dst = Kokkos::subview(table, Kokkos::make_pair(lo, hi));
+    if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
+      Kokkos::deep_copy(dst, src);
+    } else {
+      Kokkos::deep_copy(space, dst, src);
+#if !defined(KOKKOS_ENABLE_CUDA)
+      space.fence();
+#else
+      if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
+#endif
+    }
+  }
+
   static bool same_shape(const Group& g, const Product& p) noexcept {
     return g.ta == p.ta && g.tb == p.tb && g.m == p.m && g.n == p.n && g.k == p.k && g.lda == p.lda &&
-           g.ldb == p.ldb && g.ldc == p.ldc;
+           g.ldb == p.ldb && g.ldc == p.ldc && g.chunk == p.chunk;
+  }
+
+  // Replaces the queue's split products by their chunks, writing partial outputs at this step's
+  // next positions of m_partials (so that steady steps keep the same pointers), and records their
+  // Reductions. Earlier runs' chunks and adds of the step are ordered before on `space`.
+  void split_deep(const ExecSpace& space) {
+    m_reduction_count = 0;
+    if (m_split_max_output == 0) return;
+    std::int64_t need = 0, pieces = 0;
+    for (const Product& p : m_queue)
+      if (splits(p)) {
+        const std::int64_t chunks = (p.k + chunk_rows(p) - 1) / chunk_rows(p);
+        need += chunks * p.m * p.m;
+        pieces += chunks;
+      }
+    if (need == 0) return;
+    if (m_partial_cursor + need > static_cast<std::int64_t>(m_partials.extent(0))) {
+      space.fence();  // earlier chunks and adds may still use the old partials
+      m_partials = Kokkos::View<T*, MemorySpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, LATHER_LABEL("lather::GemmBatches::partials")),
+          static_cast<std::size_t>(std::max(m_partial_cursor + need, 2 * static_cast<std::int64_t>(m_partials.extent(0)))));
+    }
+    // Both queues the same room, so that swapping them allocates in no later step.
+    const std::size_t room = std::max(m_queue.size() + static_cast<std::size_t>(pieces), m_queue.capacity());
+    m_queue.reserve(room);
+    m_split_queue.reserve(room);
+    m_split_queue.clear();
+    m_reductions.clear();
+    for (const Product& p : m_queue) {
+      if (!splits(p)) {
+        m_split_queue.push_back(p);
+        continue;
+      }
+      const std::int64_t kc = chunk_rows(p), chunks = (p.k + kc - 1) / kc;
+      T* const partial = m_partials.data() + m_partial_cursor;
+      m_reductions.push_back({p.c, p.ldc, p.m, partial, chunks});
+      for (std::int64_t i = 0; i < chunks; ++i) {
+        Product q = p;
+        q.k = std::min(kc, p.k - i * kc);
+        // Rows i kc.. of X (k x m, 'T','N') or its columns i kc.. (m x k, 'N','T').
+        q.a = p.a + (p.ta == 'T' ? i * kc : i * kc * p.lda);
+        q.b = p.b + (p.ta == 'T' ? i * kc : i * kc * p.ldb);
+        q.c = partial + i * p.m * p.m;
+        q.ldc = p.m;
+        q.chunk = true;
+        m_split_queue.push_back(q);
+      }
+      m_partial_cursor += chunks * p.m * p.m;
+    }
+    m_reduction_count = static_cast<std::int64_t>(m_reductions.size());
+    std::swap(m_queue, m_split_queue);
+  }
+
+  // One kernel adds every split product's partial outputs; its job table is uploaded only where
+  // it differs from what the memory space holds at this step's positions (as the pointer arrays).
+  void add_partials(const ExecSpace& space) {
+    const std::int64_t n = m_reduction_count, at = m_reduction_cursor;
+    if (at + n > static_cast<std::int64_t>(m_reduction_jobs.extent(0))) {
+      space.fence();  // earlier adds may still read the old table
+      m_reduction_jobs = Kokkos::View<Reduction*, MemorySpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, LATHER_LABEL("lather::GemmBatches::reductions")),
+          static_cast<std::size_t>(std::max(at + n, 2 * static_cast<std::int64_t>(m_reduction_jobs.extent(0)))));
+      m_reductions_uploaded.assign(m_reduction_jobs.extent(0), Reduction{});
+    }
+    std::int64_t lo = -1, hi = -1;
+    for (std::int64_t e = 0; e < n; ++e) {
+      const Reduction &r = m_reductions[static_cast<std::size_t>(e)];
+      Reduction& held = m_reductions_uploaded[static_cast<std::size_t>(at + e)];
+      if (r.c == held.c && r.ldc == held.ldc && r.m == held.m && r.partial == held.partial && r.chunks == held.chunks)
+        continue;
+      held = r;
+      if (lo < 0) lo = at + e;
+      hi = at + e + 1;
+    }
+    if (lo >= 0) {
+      upload(space, m_reduction_jobs, m_reductions_uploaded, lo, hi);
+      ++m_reduction_uploads;
+    }
+    Kokkos::parallel_for(LATHER_LABEL("lather::GemmBatches::add_partials"),
+                         Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(n), Kokkos::AUTO),
+                         AddPartials{Kokkos::subview(m_reduction_jobs, Kokkos::make_pair(at, at + n))});
+    m_reduction_cursor += n;
   }
 
   // More room: kernels queued on `space` may still read the old arrays, so wait for them first.
@@ -308,6 +479,12 @@ class GemmBatches {
   pointer_view m_pointers;
   std::int64_t m_cursor = 0, m_uploads = 0;
   std::int64_t m_depth_ratio = default_depth_ratio;
+  std::int64_t m_split_max_output = default_split_max_output, m_split_chunk = default_split_chunk;
+  std::vector<Product> m_split_queue;
+  std::vector<Reduction> m_reductions, m_reductions_uploaded;  // this run's; what the memory space holds
+  Kokkos::View<T*, MemorySpace> m_partials;
+  Kokkos::View<Reduction*, MemorySpace> m_reduction_jobs;
+  std::int64_t m_partial_cursor = 0, m_reduction_cursor = 0, m_reduction_count = 0, m_reduction_uploads = 0;
 };
 
 }  // namespace lather::impl::blas
