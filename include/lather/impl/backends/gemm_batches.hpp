@@ -466,7 +466,8 @@ class GemmBatches {
                             "gemmBatched failed (status ", static_cast<int>(s), ") for ", grp.count, " products of ",
                             grp.m, " x ", grp.n, " x ", grp.k);
   }
-  std::shared_ptr<cublasHandle_t> m_handle;  // shared: copies of the optimizer share one handle
+  // Created at the first batched launch; a copy creates its own (copy constructor), a move takes it.
+  std::shared_ptr<cublasHandle_t> m_handle;
 #else
   void launch_batched(const ExecSpace&, const Group&) {}
 #endif
