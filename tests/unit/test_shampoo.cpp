@@ -572,8 +572,19 @@ void impl_test_balanced_wide() {
 // one factor (the queued combines, unpacks and products run every factor), grafting by Adam,
 // SGD and none, the eigendecomposed policy; and that the batched step launches a number of
 // kernels that does not grow with the parameter count.
+//
+// With `split_chunk` > 0 the batched run splits deep Gram products (set_gram_split(32,
+// split_chunk), the CUDA default's form at a chunk small enough for these sizes) and two more
+// parameters have them: (3, 200) and (200, 3), whose 3 x 3 factors sum 200 terms ('T','N' and
+// 'N','T': chunks of 48, the last of 8); at block size 4 the blocks of one row of the 4-D
+// parameter split too (d = 1 from 18 terms). Each step's count of split products is checked
+// against the blocks and the rule of set_gram_split. The chunks' partial Gram matrices are added
+// in chunk order, another summation order, so the same tolerances hold; with a pool of one
+// factor the products run several times a step, each run's chunks at new places of the partials
+// (which grow mid-step on the first step).
 template <class T, class ExecSpace, class Grafting, class Preconditioner = lather::EigenRootInverse>
-void impl_test_batched_passes(const lather::ShampooOptions& options, int variant, std::int64_t pool = std::int64_t{1} << 24) {
+void impl_test_batched_passes(const lather::ShampooOptions& options, int variant, std::int64_t pool = std::int64_t{1} << 24,
+                              std::int64_t split_chunk = 0) {
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<T, M>;
   constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible;
@@ -587,9 +598,15 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
     // 4500 elements: at block size 512 one block of two 4096-element chunks (the grafting norms'
     // partial sums and the graft scale cross a chunk boundary).
     Kokkos::View<T**, Kokkos::LayoutRight, M> big("big", 90, 50), gbig("gbig", 90, 50);
+    Kokkos::View<T**, Kokkos::LayoutRight, M> deep("deep", 3, 200), gdeep("gdeep", 3, 200);
+    Kokkos::View<T**, Kokkos::LayoutRight, M> tall("tall", 200, 3), gtall("gtall", 200, 3);
     std::vector<Kokkos::View<T*, M>> v, gv;
     std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(c), lather::tensor_ref(k4), lather::tensor_ref(l),
                           lather::tensor_ref(s), lather::tensor_ref(big)};
+    if (split_chunk > 0) {
+      params.push_back(lather::tensor_ref(deep));
+      params.push_back(lather::tensor_ref(tall));
+    }
     for (const auto& e : vectors) {
       v.emplace_back("v", e[0]);
       gv.emplace_back("gv", e[0]);
@@ -603,10 +620,21 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
     opt.set_block_concurrency(false);
     opt.set_batched_passes(batched, pool);
     REQUIRE(opt.batched_passes() == batched);
-    std::int64_t max_launches = 0;
+    // The default: split where the BLAS batches (CUDA), not elsewhere.
+    CHECK(opt.gram_split_max_output() == (lather::impl::blas::GemmBatches<ExecSpace, T, M>::batched_blas ? 32 : 0));
+    if (split_chunk > 0) {
+      opt.set_gram_split(32, split_chunk);
+      CHECK(opt.gram_split_max_output() == 32);
+      CHECK(opt.gram_split_chunk() == split_chunk);
+    }
+    std::int64_t max_launches = 0, split_total = 0;
     for (int t = 1; t <= 7; ++t) {
       std::vector<P> grads{lather::tensor_ref(g), lather::tensor_ref(gc), lather::tensor_ref(gk4), lather::tensor_ref(gl),
                            lather::tensor_ref(gs), lather::tensor_ref(gbig)};
+      if (split_chunk > 0) {
+        grads.push_back(lather::tensor_ref(gdeep));
+        grads.push_back(lather::tensor_ref(gtall));
+      }
       for (auto& x : gv) grads.push_back(lather::tensor_ref(x));
       for (std::size_t i = 0; i < grads.size(); ++i)
         lather::test::from_host(grads[i], lather::test::random_values(static_cast<std::size_t>(grads[i].size()),
@@ -617,6 +645,24 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
       CHECK((opt.last_step_info().batched_launches > 0) == batched);
       CHECK((opt.last_step_info().batched_gemm_calls > 0) == batched);  // the Gram products at least
       CHECK(opt.last_step_info().fused_blocks == 0);
+      // The deep Gram products of this step's blocks by set_gram_split's rule: d <= 32 and more
+      // than max(16 d, chunk) terms (16: GemmBatches' depth ratio).
+      std::int64_t expected_splits = 0;
+      for (std::size_t i = 0; batched && split_chunk > 0 && i < params.size(); ++i) {
+        if (!grads[i].data()) continue;
+        for (std::size_t b = 0; b < opt.num_blocks(i); ++b) {
+          const auto& blk = opt.block(i, b);
+          std::int64_t n = 1;
+          for (const auto e : blk.extent) n *= e;
+          for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+            const std::int64_t d = blk.extent[k];
+            if (blk.factors[k].preconditioned && n > d && d <= 32 && n / d > std::max<std::int64_t>(16 * d, split_chunk))
+              ++expected_splits;
+          }
+        }
+      }
+      CHECK(opt.last_step_info().split_gram_products == expected_splits);
+      split_total += opt.last_step_info().split_gram_products;
       max_launches = std::max(max_launches, opt.last_step_info().batched_launches);
     }
     // Per step at most: gather, backups, combine, filter, two norms and their two per-block
@@ -624,6 +670,7 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
     // matvec, unfold, unpack, fold for the directions; a pool of one factor adds a combine and a
     // product batch per factor.
     if (batched && pool > 1000) CHECK(max_launches <= 11 + 5 * 4);
+    if (batched && split_chunk > 0) CHECK(split_total >= 7);  // some split on every step
     std::vector<std::vector<double>> out;
     for (const auto& p : params) out.push_back(lather::test::to_host(p));
     auto f = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt.factor_matrix(0, 0, 0));
@@ -656,6 +703,10 @@ void impl_test_batched() {
   impl_test_batched_passes<T, ExecSpace, lather::SGDGrafting>(forms[2], 12);
   impl_test_batched_passes<T, ExecSpace, lather::NoGrafting>(forms[3], 13);
   impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting, lather::EigendecomposedShampoo<>>(forms[0], 14);
+  // Deep Gram products split into chunks (set_gram_split), also on spaces whose BLAS does not batch.
+  impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[1], 20, std::int64_t{1} << 24, 16);
+  impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[1], 21, 1, 16);
+  impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[0], 22, std::int64_t{1} << 24, 16);  // blocks of 4: none
 }
 
 // Options the batched passes do not cover are refused by name, and leave the optimizer usable.
@@ -679,6 +730,12 @@ void impl_test_batched_refused() {
   lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<double>> ok(
       params, {});
   CHECK_THROWS_WITH_AS(ok.set_batched_passes(true, 0), doctest::Contains("pool_elements"), lather::invalid_argument);
+  const std::int64_t split_rows = ok.gram_split_max_output(), split_chunk = ok.gram_split_chunk();
+  CHECK_THROWS_WITH_AS(ok.set_gram_split(-1, 2048), doctest::Contains("set_gram_split: max_output = -1"),
+                       lather::invalid_argument);
+  CHECK_THROWS_WITH_AS(ok.set_gram_split(32, 0), doctest::Contains("chunk = 0"), lather::invalid_argument);
+  CHECK(ok.gram_split_max_output() == split_rows);  // unchanged by the refused calls
+  CHECK(ok.gram_split_chunk() == split_chunk);
   lather::test::from_host(lather::tensor_ref(g), lather::test::random_values(12, 5));
   kl.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g)});  // still steps, per parameter
   CHECK(kl.last_step_info().batched_launches == 0);

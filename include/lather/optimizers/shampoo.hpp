@@ -185,8 +185,10 @@ struct ShampooStepInfo {
   std::int64_t roots_side_by_side = 0;  ///< root inverses computed as host tasks
   std::int64_t batched_launches = 0;  ///< kernels the batched passes launched (set_batched_passes)
   /// BLAS calls for the batched passes' products: one per shape where the BLAS batches them
-  /// (cuBLAS), else one per product
+  /// (cuBLAS), else one per product; the adding kernel of split products counts as one
   std::int64_t batched_gemm_calls = 0;
+  /// Deep Gram products of small factors the batched passes ran as chunks (set_gram_split)
+  std::int64_t split_gram_products = 0;
 };
 }  // namespace impl
 
@@ -457,6 +459,22 @@ class Shampoo {
     m_batched = on;
   }
   [[nodiscard]] bool batched_passes() const noexcept { return m_batched; }
+  /// \brief How the batched passes compute deep Gram products of small factors: a factor of
+  /// d <= `max_output` rows whose Gram product G G^T sums k > max(16 d, `chunk`) terms runs as
+  /// chunks of max(16 d, `chunk`) terms, batched by shape with the other products, and one kernel
+  /// adds the chunks' outputs in order (impl::blas::GemmBatches::set_split). A batched BLAS call
+  /// cannot split its sums, and one call per deep product of a small output leaves most of a GPU
+  /// idle (docs/performance.md, "On a GPU"). `max_output` 0 turns it off. Default: 32 and 2048
+  /// where the BLAS batches (CUDA), off elsewhere (a host BLAS call splits a deep product over its
+  /// threads itself). The results agree with unsplit products up to the sums' order. Call it
+  /// outside step(); the chunks' outputs are allocated at the next step that splits.
+  void set_gram_split(std::int64_t max_output, std::int64_t chunk) {
+    LATHER_THROW_IF(max_output < 0 || chunk < 1, "lather::Shampoo::set_gram_split: max_output = ", max_output,
+                    " must be >= 0 (0 turns splitting off) and chunk = ", chunk, " must be >= 1");
+    m_gemm_batches.set_split(max_output, chunk);
+  }
+  [[nodiscard]] std::int64_t gram_split_max_output() const noexcept { return m_gemm_batches.split_max_output(); }
+  [[nodiscard]] std::int64_t gram_split_chunk() const noexcept { return m_gemm_batches.split_chunk(); }
   /// Whether these options allow the batched passes (see set_batched_passes).
   [[nodiscard]] bool batched_passes_possible() const noexcept {
     if constexpr (!batched_kind) {
@@ -3172,6 +3190,10 @@ class Shampoo {
   // before they were queued) where the BLAS has no batched form.
   void run_gemm_batches(const ExecSpace& space) {
     m_info.batched_gemm_calls += m_gemm_batches.run(space, [&](const typename gemm_batches_type::Product& p) {
+      if (p.chunk) {
+        gram_chunk(space, p);
+        return;
+      }
       const auto a = blas_matrix(const_cast<value_type*>(p.a), p.lda, p.ta == 'N' ? p.k : p.m);
       const auto c = blas_matrix(p.c, p.ldc, p.n);
       if (p.gram) {
@@ -3182,6 +3204,25 @@ class Shampoo {
       gemm(space, ta, tb, value_type(1), a, blas_matrix(const_cast<value_type*>(p.b), p.ldb, p.tb == 'N' ? p.n : p.k),
            value_type(0), c);
     });
+    m_info.split_gram_products += m_gemm_batches.split_products();
+  }
+
+  // A chunk of a split Gram product (set_gram_split) where the BLAS has no batched form (the
+  // host, HIP): op(X) is a slice of a longer X, so X's leading dimension exceeds the rows the
+  // chunk reads, which gram_product()'s views cannot say. The lower triangle, as there.
+  static void gram_chunk(const ExecSpace& space, const typename gemm_batches_type::Product& p) {
+    if constexpr (host_products) {
+      // GemmBatches::splits() checked that m, the chunk's rows and lda fit the BLAS' int.
+      space.fence();
+      impl::blas::split::syrk_lower<value_type>(&space, p.ta, p.m, p.k, value_type(1), p.a, p.lda, value_type(0), p.c,
+                                                p.ldc);
+    } else {
+      const bool t = p.ta == 'T';
+      const auto x = Kokkos::subview(blas_matrix(const_cast<value_type*>(p.a), p.lda, t ? p.m : p.k),
+                                     Kokkos::make_pair(std::int64_t(0), t ? p.k : p.m), Kokkos::ALL);
+      const char ta[2] = {p.ta, '\0'}, tb[2] = {p.tb, '\0'};
+      impl::kernels::gemm(space, ta, tb, value_type(1), x, x, value_type(0), blas_matrix(p.c, p.ldc, p.n));
+    }
   }
 
   template <class Table>

@@ -221,6 +221,7 @@ class GemmBatches {
   /// runs one product (groups the batched BLAS cannot take, and everything where there is none).
   template <class OneByOne>
   std::int64_t run(const ExecSpace& space, OneByOne&& one) {
+    m_reduction_count = 0;  // also for a run with nothing queued (split_products())
     if (m_queue.empty()) return 0;
     std::int64_t calls = 0;
     split_deep(space);
