@@ -84,6 +84,16 @@ class DiagonalOptimizer {
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, memory_space>::accessible,
                 "lather: the execution space cannot access the parameters' memory space");
 
+  // Move-only. The state lives in Kokkos Views, which copy as shared handles, next to host-side
+  // counters and references to the user's parameters: a copy would update the same parameters and
+  // share the state while its step count diverged. Duplicate an optimizer's state through
+  // state_dict() / load_state_dict() (docs/state.md).
+  DiagonalOptimizer(const DiagonalOptimizer&) = delete;
+  DiagonalOptimizer& operator=(const DiagonalOptimizer&) = delete;
+  DiagonalOptimizer(DiagonalOptimizer&&) = default;
+  DiagonalOptimizer& operator=(DiagonalOptimizer&&) = default;
+  ~DiagonalOptimizer() = default;
+
   /// One group of parameters with shared options.
   explicit DiagonalOptimizer(std::span<Param> params, options_type options = {},
                              std::vector<std::string> names = {})

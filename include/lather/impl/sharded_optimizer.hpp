@@ -117,6 +117,16 @@ class ShardedOptimizer {
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, memory_space>::accessible,
                 "lather: the execution space cannot access the parameters' memory space");
 
+  // Move-only. The state lives in Kokkos Views, which copy as shared handles, next to host-side
+  // counters and references to the user's parameters: a copy would update the same parameters and
+  // share the state while its step count diverged. Duplicate an optimizer's state through
+  // state_dict() / load_state_dict() (docs/state.md).
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+  ShardedOptimizer(ShardedOptimizer&&) = default;
+  ShardedOptimizer& operator=(ShardedOptimizer&&) = default;
+  ~ShardedOptimizer() = default;
+
   /// One group of whole parameters on this rank (single device).
   explicit ShardedOptimizer(std::span<Param> params, options_type options = {}, std::vector<std::string> names = {})
       : ShardedOptimizer(std::vector<group_type>{group_type{params, options, std::move(names)}}) {}

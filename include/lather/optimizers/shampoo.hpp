@@ -238,6 +238,16 @@ class Shampoo {
   /// KL-Shampoo's factor update.
   static constexpr bool kl = impl::is_kl<Preconditioner>();
 
+  // Move-only. The state lives in Kokkos Views, which copy as shared handles, next to host-side
+  // counters and references to the user's parameters: a copy would update the same parameters and
+  // share the state while its step count diverged. Duplicate an optimizer's state through
+  // state_dict() / load_state_dict() (docs/state.md).
+  Shampoo(const Shampoo&) = delete;
+  Shampoo& operator=(const Shampoo&) = delete;
+  Shampoo(Shampoo&&) = default;
+  Shampoo& operator=(Shampoo&&) = default;
+  ~Shampoo() = default;
+
   Shampoo(std::span<Param> params, ShampooOptions options = {}, Preconditioner preconditioner = {},
           Grafting grafting = {}, std::vector<std::string> names = {})
     requires std::default_initializable<Communicator>
