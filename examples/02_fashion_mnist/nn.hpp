@@ -378,8 +378,12 @@ class Mlp final : public Model<T, ExecSpace> {
   }
 
   [[nodiscard]] std::string name() const override {
+    // Appended piece by piece: GCC 12 warned (-Wrestrict, a false positive) on `" " + to_string(w)`.
     std::string s = "mlp";
-    for (int w : m_widths) s += (s == "mlp" ? " " : "-") + std::to_string(w);
+    for (std::size_t l = 0; l < m_widths.size(); ++l) {
+      s += l == 0 ? ' ' : '-';
+      s += std::to_string(m_widths[l]);
+    }
     return s;
   }
 
