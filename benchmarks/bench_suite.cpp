@@ -146,13 +146,9 @@ void fail(benchmark::State& state, const char* why) {
 }
 
 // Heap allocations inside step(): operator new is counted while `g_counting` is set (this
-// executable replaces the global operator new), Kokkos allocations through the Kokkos Tools
-// allocate-data hook, installed only for the counting steps (tools change what Kokkos does).
-#if defined(__CUDACC__) || defined(__HIP__) || defined(__HIPCC__)
-#define LATHER_BENCH_COUNTS_HEAP 0
-#else
-#define LATHER_BENCH_COUNTS_HEAP 1
-#endif
+// executable replaces the global operator new, host code and, on GPU builds, the libraries it
+// links such as cuBLAS), Kokkos allocations through the Kokkos Tools allocate-data hook,
+// installed only for the counting steps (tools change what Kokkos does).
 std::atomic<bool> g_counting{false};
 std::atomic<std::int64_t> g_heap_allocations{0};
 std::int64_t g_kokkos_allocations = 0;
@@ -170,9 +166,7 @@ AllocationCounts count_allocations(int steps, F&& step) {
   g_counting = true;
   for (int s = 0; s < steps; ++s) step();
   g_counting = false;
-  // NaN where the heap is not counted (GPU compilers, see operator new below).
-  const double heap = LATHER_BENCH_COUNTS_HEAP ? static_cast<double>(g_heap_allocations.load())
-                                               : std::numeric_limits<double>::quiet_NaN();
+  const auto heap = static_cast<double>(g_heap_allocations.load());
   g_kokkos_allocations = 0;
   Kokkos::Tools::Experimental::set_allocate_data_callback(count_kokkos_allocation);
   for (int s = 0; s < steps; ++s) step();
@@ -1486,23 +1480,26 @@ void write_summary(const std::string& path, int threads) {
 // Counting replacements of the global allocation functions (the aligned and nothrow forms are
 // not used on a step's path; they keep the default behavior). GCC 12 sees free() after an
 // inlined new-expression and warns of a mismatch; these functions are that pair.
-// Host compilers only: nvcc and hipcc compile a replaced operator new for the device as well,
-// where neither the atomics nor the exception exist; the GPU builds report no heap counts.
-#if LATHER_BENCH_COUNTS_HEAP
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+// nvcc makes a replaced operator new __host__ __device__; its device pass, which has neither the
+// host atomics nor exceptions, gets the plain allocation (nothing on a step's device path
+// allocates). The host pass below counts.
+void* operator new(std::size_t n) { return std::malloc(n == 0 ? 1 : n); }
+#else
 void* operator new(std::size_t n) {
   if (g_counting.load(std::memory_order_relaxed)) g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
+#endif
 void* operator new[](std::size_t n) { return ::operator new(n); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-#endif
 
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard guard(argc, argv);
