@@ -742,6 +742,7 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   state.counters["batched_launches/step"] = static_cast<double>(opt.last_step_info().batched_launches);
   state.counters["batched_gemm_calls/step"] = static_cast<double>(opt.last_step_info().batched_gemm_calls);
   state.counters["split_gram_products/step"] = static_cast<double>(opt.last_step_info().split_gram_products);
+  state.counters["batched_uploads/step"] = static_cast<double>(opt.last_step_info().batched_uploads);
   state.counters["wide_blocks/step"] = static_cast<double>(opt.last_step_info().wide_blocks);
   const std::string other = other_passes ? (opt.batched_passes() ? "_batched" : "_per_parameter") : "";
   if (!root_step)

@@ -482,6 +482,97 @@ void impl_test_multi_tensor_table() {
 
 }  // namespace
 
+// A table's launches copy only what differs from what their place in the memory space holds
+// (UploadedTable): the kernels must see every change and the counter must show skipped copies.
+// Three tensors with 1, 2 and 3 NaNs; a job's slot says which counter it adds to, so a stale
+// table shows up as counts in the wrong places. Host spaces keep a separate buffer, as devices do.
+template <class ExecSpace>
+void impl_test_table_uploads() {
+  using M = typename ExecSpace::memory_space;
+  using Job = lather::impl::kernels::CountNonFinite<double, M>;
+  std::vector<Kokkos::View<double*, M>> data;
+  for (int k = 0; k < 3; ++k) {
+    std::vector<double> v(static_cast<std::size_t>(5 + k), 1.0);
+    for (int b = 0; b <= k; ++b) v[static_cast<std::size_t>(2 * b)] = std::nan("");
+    data.emplace_back("t", v.size());
+    lather::test::from_host(lather::TensorRef<double, M>(lather::tensor_ref(data.back())), v);
+  }
+  Kokkos::View<std::int64_t*, M> counts("counts", 3);
+  const std::string label = "test::table_uploads";
+  // Launches `table` with tensor k counted into slot[k] (tensors 0..slot.size()-1); the counts.
+  auto launch = [&](auto& table, const std::vector<std::size_t>& slot) {
+    Kokkos::deep_copy(counts, 0);
+    table.clear();
+    for (std::size_t k = 0; k < slot.size(); ++k)
+      table.add(Job{lather::TensorRef<const double, M>(lather::tensor_ref(data[k])), counts.data(), slot[k]},
+                static_cast<std::int64_t>(data[k].extent(0)));
+    table.launch(label, ExecSpace());
+    ExecSpace().fence();
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), counts);
+    return std::vector<std::int64_t>{h(0), h(1), h(2)};
+  };
+  using V = std::vector<std::int64_t>;
+  const std::vector<std::size_t> a{0, 1, 2}, b{2, 1, 0}, a_changed{0, 2, 1};
+  lather::impl::kernels::MultiTensorTable<ExecSpace, M, Job> table;
+  table.reserve(3, 2);  // two launches a step kept apart
+  CHECK(table.uploads() == 0);
+  // Step 1: two different launches, each copied.
+  table.begin_step();
+  CHECK(launch(table, a) == V{1, 2, 3});
+  CHECK(table.uploads() == 1);
+  CHECK(launch(table, b) == V{3, 2, 1});
+  CHECK(table.uploads() == 2);
+  // Step 2: the same launches find their entries in place.
+  table.begin_step();
+  CHECK(launch(table, a) == V{1, 2, 3});
+  CHECK(launch(table, b) == V{3, 2, 1});
+  CHECK(table.uploads() == 2);
+  // Step 3: one launch changes two entries: copied, and the kernel sees them.
+  table.begin_step();
+  CHECK(launch(table, a_changed) == V{1, 3, 2});
+  CHECK(table.uploads() == 3);
+  CHECK(launch(table, b) == V{3, 2, 1});
+  CHECK(table.uploads() == 3);
+  // Step 4: back to the first launch: its place held the change, so it is copied again.
+  table.begin_step();
+  CHECK(launch(table, a) == V{1, 2, 3});
+  CHECK(table.uploads() == 4);
+  // Fewer entries at a place that holds them: nothing to copy, and only those run.
+  table.begin_step();
+  CHECK(launch(table, {0, 1}) == V{1, 2, 0});
+  CHECK(table.uploads() == 4);
+  // Without begin_step() launches take the next places: b lands on places 2-4, which held other
+  // entries (copied); a does not fit after it and starts over at place 0, whose third entry b
+  // has just overwritten (copied). The results stay right.
+  CHECK(launch(table, b) == V{3, 2, 1});
+  CHECK(table.uploads() == 5);
+  CHECK(launch(table, a) == V{1, 2, 3});
+  CHECK(table.uploads() == 6);
+  // One place a step and two different launches: every launch copies, every result is right.
+  lather::impl::kernels::MultiTensorTable<ExecSpace, M, Job> narrow;
+  narrow.reserve(3);
+  for (int step = 0; step < 3; ++step) {
+    narrow.begin_step();
+    CHECK(launch(narrow, a) == V{1, 2, 3});
+    CHECK(launch(narrow, b) == V{3, 2, 1});
+  }
+  CHECK(narrow.uploads() == 6);
+  // A moved table keeps its record of what the memory space holds.
+  auto moved = std::move(narrow);
+  moved.begin_step();
+  CHECK(launch(moved, a) == V{1, 2, 3});
+  CHECK(moved.uploads() == 7);
+  moved.begin_step();
+  CHECK(launch(moved, a) == V{1, 2, 3});
+  CHECK(moved.uploads() == 7);
+  static_assert(!std::is_copy_constructible_v<decltype(moved)>, "a copy would share the buffer, not the record");
+}
+
+TEST_CASE_TEMPLATE_DEFINE("multi-tensor tables copy only what changed", ExecSpace, table_uploads) {
+  impl_test_table_uploads<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(table_uploads, lather_test_exec_spaces);
+
 TEST_CASE_TEMPLATE_DEFINE("multi-tensor loop: one kernel over many tensors' chunks", ExecSpace, multi_tensor) {
   impl_test_multi_tensor_table<ExecSpace>();
 }

@@ -664,6 +664,16 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
       CHECK(opt.last_step_info().split_gram_products == expected_splits);
       split_total += opt.last_step_info().split_gram_products;
       max_launches = std::max(max_launches, opt.last_step_info().batched_launches);
+      // Job tables and pointer arrays go to the memory space only where they changed
+      // (UploadedTable, GemmBatches): step 3 drops a gradient and step 4 brings it back, so from
+      // step 5 on a step fills its tables as the one before did (amortized or not: the backups
+      // have their own table) and copies only those with per-step scalars: the filter and the
+      // two norm passes (bias corrections). Where the compiler cannot zero the entries' padding,
+      // entries with padding are copied every launch (slower, not wrong).
+      const std::int64_t uploads = opt.last_step_info().batched_uploads;
+      if (!batched) CHECK(uploads == 0);
+      else if (t == 1) CHECK(uploads > 0);
+      else if (t >= 5 && LATHER_HAS_CLEAR_PADDING) CHECK(uploads <= 3);
     }
     // Per step at most: gather, backups, combine, filter, two norms and their two per-block
     // sums, copy, scale, apply, and per dimension round (4 here) an unfold for the factors plus

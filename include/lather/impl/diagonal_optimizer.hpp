@@ -175,6 +175,7 @@ class DiagonalOptimizer {
       m_job_chunks.clear();
     }
     m_multi.clear();
+    m_multi.begin_step();  // one launch a step: the same place each step
     for (std::size_t i = 0; i < n; ++i) {
       if (!m_intake.has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
       const options_type& o = m_group_options[m_group_of[i]];

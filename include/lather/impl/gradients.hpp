@@ -227,6 +227,7 @@ class GradientIntake {
                          kernels::ZeroCounts<MemorySpace>{m_counts});
     // Every gradient in one kernel (kernels/multi_tensor.hpp).
     m_count_jobs.clear();
+    m_count_jobs.begin_step();  // one launch a step: the same place each step
     for (std::size_t i = 0; i < g.size(); ++i)
       if (has_gradient(g[i], params[i])) m_count_jobs.add({g[i], m_counts.data(), i}, g[i].size());
     m_count_jobs.launch(m_check_label, space);

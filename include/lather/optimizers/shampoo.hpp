@@ -189,6 +189,10 @@ struct ShampooStepInfo {
   std::int64_t batched_gemm_calls = 0;
   /// Deep Gram products of small factors the batched passes ran as chunks (set_gram_split)
   std::int64_t split_gram_products = 0;
+  /// Host-to-memory-space copies the batched passes made: job tables and product pointer arrays
+  /// that differ from what the memory space holds from the previous step (a steady step with
+  /// constant options copies only the tables with per-step scalars)
+  std::int64_t batched_uploads = 0;
 };
 }  // namespace impl
 
@@ -412,8 +416,10 @@ class Shampoo {
         grp.lr_sum += std::pow(grp.options.lr, grp.options.eval_coeff_lr_power);
     }
     m_info = {};
+    const std::int64_t uploads_before = batched_upload_count();
     try {
       run_step(space, pieces);
+      m_info.batched_uploads = batched_upload_count() - uploads_before;
     } catch (...) {
       for (std::size_t k = 0; k < m_groups.size(); ++k) {
         m_groups[k].step -= 1;
@@ -3156,17 +3162,22 @@ class Shampoo {
     m_batch_cur.reserve(nb);
     m_batch_scalars.reserve(np);
     m_batch_products.reserve(nf);
+    // Room for each table's launches of a step apart (UploadedTable): unfolds, one round of the
+    // factors and two (unfold and fold) of the directions per dimension; unpacks and products
+    // once per dimension; the norms twice (the grafting's and the direction's). Full pools add
+    // launches, which then take places again (uploaded again, still correct).
+    const std::size_t rounds = std::max<std::size_t>(max_rank, 1);
     m_tab_gather.reserve(nb);
     m_tab_backup.reserve(nf);
-    m_tab_unfold.reserve(nb);
-    m_tab_combine.reserve(nf);
+    m_tab_unfold.reserve(nb, 3 * rounds);
+    m_tab_combine.reserve(nf, 2);
     m_tab_filter.reserve(np);
-    m_tab_unpack.reserve(nf);
+    m_tab_unpack.reserve(nf, rounds);
     m_tab_copy.reserve(nb);
     m_tab_apply.reserve(nb);
-    m_tab_norms.reserve(nb);
-    m_tab_norm_sums.reserve(nb);
-    m_tab_matvec.reserve(nb);
+    m_tab_norms.reserve(nb, 2);
+    m_tab_norm_sums.reserve(nb, 2);
+    m_tab_matvec.reserve(nb, rounds);
     m_tab_scale.reserve(nb);
     m_gemm_batches.reserve(std::max<std::int64_t>(2 * factors, 1));
   }
@@ -3235,6 +3246,20 @@ class Shampoo {
     }
   }
 
+  // f(table) for every job table of the batched passes.
+  template <class F>
+  void for_each_table(F&& f) {
+    f(m_tab_gather), f(m_tab_backup), f(m_tab_unfold), f(m_tab_combine), f(m_tab_filter), f(m_tab_unpack);
+    f(m_tab_copy), f(m_tab_apply), f(m_tab_norms), f(m_tab_norm_sums), f(m_tab_matvec), f(m_tab_scale);
+  }
+  // Host-to-memory-space copies of the batched passes so far: job tables, product pointer arrays
+  // and the adding jobs of split products.
+  std::int64_t batched_upload_count() {
+    std::int64_t n = m_gemm_batches.uploads() + m_gemm_batches.reduction_uploads();
+    for_each_table([&](const auto& t) { n += t.uploads(); });
+    return n;
+  }
+
   template <class Table>
   void batch_launch(Table& table, const std::string& label, const ExecSpace& space) {
     if (table.empty()) return;
@@ -3256,6 +3281,7 @@ class Shampoo {
                        bool amortize) {
     using impl::kernels::GatherGradient;
     m_gemm_batches.begin_step();
+    for_each_table([](auto& t) { t.begin_step(); });
     m_tab_gather.clear();
     m_tab_backup.clear();
     for (std::size_t i = 0; i < m_params.size(); ++i) {

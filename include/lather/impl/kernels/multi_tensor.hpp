@@ -16,11 +16,25 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
+
+// GCC 11+ (host code, and nvcc's host passes) zeroes an object's padding; clang up to 16 (hipcc)
+// cannot, so its tables copy any entry with padding on every launch (as before, never wrong).
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_clear_padding)
+#define LATHER_HAS_CLEAR_PADDING 1
+#endif
+#endif
+#ifndef LATHER_HAS_CLEAR_PADDING
+#define LATHER_HAS_CLEAR_PADDING 0
+#endif
 
 namespace lather::impl::kernels {
 
@@ -80,55 +94,112 @@ struct ChunkedTeamBody {
 };
 
 /// \brief A table of trivially copyable entries filled on the host and uploaded to `MemorySpace`
-/// once per launch (the storage of MultiTensorTable and TeamTable). reserve() allocates, so
+/// for each launch (the storage of MultiTensorTable and TeamTable). reserve() allocates, so
 /// steps allocate nothing.
+///
+/// Uploads only what changed. The launches of a step take consecutive places in the memory
+/// space's buffer (begin_step() starts again from the first), and a launch copies only the
+/// entries that differ, byte for byte, from what that place holds: steady steps fill most tables
+/// as the step before did (the same blocks, buffers and options), so they copy nothing but the
+/// entries with per-step scalars. Why: on CUDA each copy from pageable memory is a driver call
+/// that may wait for the stream, 15-25 of them a steady batched Shampoo step (0.26 ms of
+/// resnet50's fenced step at block size 1024 on an H100, docs/performance-history.md, twenty-third
+/// round), as GemmBatches already does for its pointer arrays. A place is compared with the
+/// host's record of what it holds (`m_held`); host spaces keep a separate buffer too, so a table
+/// skipped wrongly would run stale jobs in the host tests. A step with more launches than
+/// reserve()'s `launches` x `n` entries hold starts over at the first place (correct, but those
+/// launches copy again). Entries whose padding bytes differ copy again too (never wrong).
 template <class ExecSpace, class MemorySpace, class Entry>
 class UploadedTable {
   static_assert(std::is_trivially_copyable_v<Entry>, "lather: a table's job must be trivially copyable");
 
  public:
-  /// Room for `n` entries (allocates; call it outside step()).
-  void reserve(std::size_t n) {
-    if (n <= m_host.extent(0)) return;
-    m_device = Kokkos::View<Entry*, MemorySpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs"), n);
+  // Move-only: a copy would share the memory space's buffer but not the record of what it holds.
+  UploadedTable() = default;
+  UploadedTable(const UploadedTable&) = delete;
+  UploadedTable& operator=(const UploadedTable&) = delete;
+  UploadedTable(UploadedTable&&) noexcept = default;
+  UploadedTable& operator=(UploadedTable&&) noexcept = default;
+  ~UploadedTable() = default;
+
+  /// Room for `n` entries a launch and `launches` launches a step kept apart in the memory space
+  /// (allocates; call it outside step()).
+  void reserve(std::size_t n, std::size_t launches = 1) {
+    const std::size_t places = n * std::max<std::size_t>(launches, 1);
+    if (n <= m_host.extent(0) && places <= m_device.extent(0)) return;
+    n = std::max(n, m_host.extent(0));
+    const std::size_t capacity = std::max(places, m_device.extent(0));
+    m_device = Kokkos::View<Entry*, MemorySpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs"), capacity);
     m_host = Kokkos::View<Entry*, Kokkos::HostSpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs_host"), n);
+    m_held = Kokkos::View<Entry*, Kokkos::HostSpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs_held"), capacity);
+    m_valid.assign(capacity, 0);  // the new buffer holds nothing yet
+    m_cursor = 0;
   }
   [[nodiscard]] std::size_t size() const { return m_count; }
   [[nodiscard]] bool empty() const { return m_count == 0; }
+  /// The next launch takes the first place again: a step that fills the tables as the previous
+  /// one did finds its entries in place.
+  void begin_step() noexcept { m_cursor = 0; }
+  /// Host-to-memory-space copies so far (one per launch that changed anything).
+  [[nodiscard]] std::int64_t uploads() const noexcept { return m_uploads; }
 
  protected:
   void push(const Entry& e) {
     LATHER_THROW_RUNTIME_IF(m_count >= m_host.extent(0), "lather: internal error: multi-tensor table full (", m_count,
                     " jobs); reserve() room for every tensor first");
-    m_host(m_count) = e;
+    Entry& slot = m_host(m_count);
+    slot = e;
+#if LATHER_HAS_CLEAR_PADDING
+    __builtin_clear_padding(&slot);  // the caller's padding bytes are stack garbage: they would defeat the comparison
+#endif
     ++m_count;
   }
   void reset() { m_count = 0; }
-  /// The filled entries in `MemorySpace`, their copy queued on `space`. The copy is from pageable
-  /// host memory: CUDA returns once it has staged the bytes (the host table may be refilled right
-  /// away); elsewhere the copy is fenced before returning, so a refill cannot overwrite bytes
-  /// still being read.
+  /// The filled entries in `MemorySpace`, the changed ones' copy queued on `space`. The copy is
+  /// from pageable host memory (`m_held`, which only a later launch at the same place rewrites):
+  /// CUDA returns once it has staged the bytes; elsewhere the copy is fenced before returning, so
+  /// a refill cannot overwrite bytes still being read. Launches are ordered on one `space`, so a
+  /// place is rewritten only after the kernels that read it.
   Kokkos::View<const Entry*, MemorySpace> upload(const ExecSpace& space) {
-    const std::pair<std::size_t, std::size_t> used(0, m_count);
-    const auto device = Kokkos::subview(m_device, used);
-    constexpr bool same_memory = std::is_same_v<typename decltype(m_device)::memory_space, Kokkos::HostSpace>;
-    if constexpr (same_memory) {
-      Kokkos::deep_copy(device, Kokkos::subview(m_host, used));  // host: a memcpy, done on return
-    } else {
-      Kokkos::deep_copy(space, device, Kokkos::subview(m_host, used));
-#if !defined(KOKKOS_ENABLE_CUDA)
-      space.fence();
-#else
-      if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
-#endif
+    if (m_cursor + m_count > m_device.extent(0)) m_cursor = 0;
+    const std::size_t at = m_cursor;
+    std::size_t lo = m_count, hi = 0;
+    for (std::size_t e = 0; e < m_count; ++e) {
+      const std::size_t pos = at + e;
+      if (m_valid[pos] != 0 && std::memcmp(&m_held(pos), &m_host(e), sizeof(Entry)) == 0) continue;
+      std::memcpy(&m_held(pos), &m_host(e), sizeof(Entry));
+      m_valid[pos] = 1;
+      lo = std::min(lo, e);
+      hi = e + 1;
     }
-    return device;
+    if (lo < hi) {
+      const std::pair<std::size_t, std::size_t> changed(at + lo, at + hi);
+      const auto dst = Kokkos::subview(m_device, changed);
+      const auto src = Kokkos::subview(m_held, changed);
+      constexpr bool same_memory = std::is_same_v<typename decltype(m_device)::memory_space, Kokkos::HostSpace>;
+      if constexpr (same_memory) {
+        Kokkos::deep_copy(dst, src);  // host: a memcpy, done on return
+      } else {
+        Kokkos::deep_copy(space, dst, src);
+#if !defined(KOKKOS_ENABLE_CUDA)
+        space.fence();
+#else
+        if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
+#endif
+      }
+      ++m_uploads;
+    }
+    m_cursor = at + m_count;
+    return Kokkos::subview(m_device, std::pair<std::size_t, std::size_t>(at, at + m_count));
   }
 
  private:
   Kokkos::View<Entry*, MemorySpace> m_device;
-  Kokkos::View<Entry*, Kokkos::HostSpace> m_host;
-  std::size_t m_count = 0;
+  Kokkos::View<Entry*, Kokkos::HostSpace> m_host;  // this launch's entries, filled by push()
+  Kokkos::View<Entry*, Kokkos::HostSpace> m_held;  // what each place of m_device holds
+  std::vector<unsigned char> m_valid;              // whether m_held's place has been written
+  std::size_t m_count = 0, m_cursor = 0;
+  std::int64_t m_uploads = 0;
 };
 
 /// \brief Tensors cut into chunks of multi_tensor_chunk_elements, one team per chunk, in one
