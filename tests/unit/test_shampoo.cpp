@@ -582,9 +582,12 @@ void impl_test_balanced_wide() {
 // in chunk order, another summation order, so the same tolerances hold; with a pool of one
 // factor the products run several times a step, each run's chunks at new places of the partials
 // (which grow mid-step on the first step).
+//
+// With `schedule` the learning rate changes on every step (set_lr, as a scheduler does), which
+// with corrected weight decay changes the decay too.
 template <class T, class ExecSpace, class Grafting, class Preconditioner = lather::EigenRootInverse>
 void impl_test_batched_passes(const lather::ShampooOptions& options, int variant, std::int64_t pool = std::int64_t{1} << 24,
-                              std::int64_t split_chunk = 0) {
+                              std::int64_t split_chunk = 0, bool schedule = false) {
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<T, M>;
   constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible;
@@ -640,6 +643,7 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
         lather::test::from_host(grads[i], lather::test::random_values(static_cast<std::size_t>(grads[i].size()),
                                                                       static_cast<std::uint64_t>(100 * t + 7 * i)));
       if (t == 3) grads[1] = P();  // no gradient for the 3-D parameter on this step
+      if (schedule) opt.set_lr(options.lr * (1.0 + 0.25 * t));
       opt.step(ExecSpace(), grads);
       CAPTURE(t);
       CHECK((opt.last_step_info().batched_launches > 0) == batched);
@@ -667,13 +671,14 @@ void impl_test_batched_passes(const lather::ShampooOptions& options, int variant
       // Job tables and pointer arrays go to the memory space only where they changed
       // (UploadedTable, GemmBatches): step 3 drops a gradient and step 4 brings it back, so from
       // step 5 on a step fills its tables as the one before did (amortized or not: the backups
-      // have their own table) and copies only those with per-step scalars: the filter and the
-      // two norm passes (bias corrections). Where the compiler cannot zero the entries' padding,
-      // entries with padding are copied every launch (slower, not wrong).
+      // have their own table) and copies only the per-step scalars (bias corrections, learning
+      // rate and decay: StepValues, one table), under a learning-rate schedule too. Where the
+      // compiler cannot zero the entries' padding, entries with padding are copied every launch
+      // (slower, not wrong).
       const std::int64_t uploads = opt.last_step_info().batched_uploads;
       if (!batched) CHECK(uploads == 0);
       else if (t == 1) CHECK(uploads > 0);
-      else if (t >= 5 && LATHER_HAS_CLEAR_PADDING) CHECK(uploads <= 3);
+      else if (t >= 5 && LATHER_HAS_CLEAR_PADDING) CHECK(uploads <= 1);
     }
     // Per step at most: gather, backups, combine, filter, two norms and their two per-block
     // sums, copy, scale, apply, and per dimension round (4 here) an unfold for the factors plus
@@ -717,6 +722,12 @@ void impl_test_batched() {
   impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[1], 20, std::int64_t{1} << 24, 16);
   impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[1], 21, 1, 16);
   impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(forms[0], 22, std::int64_t{1} << 24, 16);  // blocks of 4: none
+  // A learning-rate schedule: with corrected weight decay the decay follows the learning rate.
+  lather::ShampooOptions scheduled = forms[5];
+  scheduled.weight_decay_type = lather::WeightDecayType::corrected;
+  scheduled.peak_lr = 0.02;
+  impl_test_batched_passes<T, ExecSpace, lather::AdamGrafting>(scheduled, 30, std::int64_t{1} << 24, 0, true);
+  impl_test_batched_passes<T, ExecSpace, lather::SGDGrafting>(scheduled, 31, std::int64_t{1} << 24, 0, true);
 }
 
 // Options the batched passes do not cover are refused by name, and leave the optimizer usable.

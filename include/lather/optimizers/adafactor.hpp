@@ -14,6 +14,7 @@
 #define LATHER_OPTIMIZERS_ADAFACTOR_HPP
 
 #include <lather/impl/factored_statistics.hpp>
+#include <lather/impl/kernels/launch.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/impl/sharded_optimizer.hpp>
@@ -206,7 +207,10 @@ struct AdafactorAlgorithm {
       auto& s = ctx.states[i];
       const double lr_t = step_size(o, ctx.steps[i], factored::rms(scalars.host(param_sq[k]), s.geo.global_numel));
       const double clip = std::max(1.0, factored::rms(scalars.host(update_sq[k]), s.geo.global_numel) / o.clip_threshold);
-      Kokkos::parallel_for(LATHER_LABEL("lather::Adafactor::apply"), Range(ctx.space, 0, s.geo.valid()),
+      // by_argument: the parameter's TensorRef, the direction and the first moment pass 512
+      // bytes, where CUDA and HIP would launch through constant memory and wait (launch.hpp).
+      Kokkos::parallel_for(LATHER_LABEL("lather::Adafactor::apply"),
+                           ::lather::impl::kernels::by_argument(Range(ctx.space, 0, s.geo.valid())),
                            kernels::AdafactorApply<T, M>{ctx.params[i], dirs[k], s.exp_avg, s.first_moment,
                                                          static_cast<T>(clip), static_cast<T>(lr_t),
                                                          static_cast<T>(o.beta1), static_cast<T>(1.0 - o.beta1),

@@ -17,6 +17,7 @@
 
 #include <lather/impl/backends/svd_host.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/launch.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/impl/quantization.hpp>
@@ -642,8 +643,12 @@ struct GaLoreAlgorithm {
       kernels::GaLoreAdam8bit<T, M, ExecSpace, IO> f{io, st.exp_avg_codes, st.exp_avg_sq_codes, st.exp_avg_absmax,
                                                      st.exp_avg_sq_absmax, st.signed_map, st.unsigned_map,
                                                      n, st.geo.block_size, b1, omb1, b2, omb2, eps};
+      // by_argument: six state Views and the I/O's tensors pass 512 bytes, where CUDA and HIP
+      // would launch through constant memory and wait (launch.hpp).
       Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::adam8bit"),
-                           Kokkos::TeamPolicy<ExecSpace>(ctx.space, static_cast<int>(st.geo.blocks), Kokkos::AUTO), f);
+                           ::lather::impl::kernels::by_argument(
+                               Kokkos::TeamPolicy<ExecSpace>(ctx.space, static_cast<int>(st.geo.blocks), Kokkos::AUTO)),
+                           f);
     } else {
       Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::adam"),
                            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(ctx.space, 0, n),

@@ -6,6 +6,7 @@
 #ifndef LATHER_OPTIMIZERS_LAMB_HPP
 #define LATHER_OPTIMIZERS_LAMB_HPP
 
+#include <lather/impl/kernels/launch.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/impl/sharded_optimizer.hpp>
@@ -189,7 +190,10 @@ struct LambAlgorithm {
           ctx.grads[i], ctx.params[i], s.exp_avg, s.exp_avg_sq, T(clip), T(l2 ? o.weight_decay : 0.0),
           T(o.betas[0]), T(beta3), T(o.betas[1]), T(1.0 - o.betas[1]), dirs[k]};
       double u2 = 0;
-      Kokkos::parallel_reduce(LATHER_LABEL("lather::LAMB::moments"), Policy(ctx.space, 0, ctx.shardings[i].valid_numel()), f, u2);
+      // by_argument: two TensorRefs and the moments pass 512 bytes in double (launch.hpp).
+      Kokkos::parallel_reduce(LATHER_LABEL("lather::LAMB::moments"),
+                              ::lather::impl::kernels::by_argument(Policy(ctx.space, 0, ctx.shardings[i].valid_numel())),
+                              f, u2);
       r2(k) = owner(ctx, i) ? u2 : 0.0;
     }
     ctx.all_reduce_host(r2);

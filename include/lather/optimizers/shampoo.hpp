@@ -26,6 +26,7 @@
 #include <lather/impl/gradients.hpp>
 #include <lather/impl/kernels/distributed.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
+#include <lather/impl/kernels/launch.hpp>
 #include <lather/impl/kernels/matrix_functions.hpp>
 #include <lather/impl/kernels/multi_tensor.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
@@ -1619,11 +1620,17 @@ class Shampoo {
                                const impl::kernels::BlockedIndex<memory_space>& index) {
     const std::int64_t n = p.param.size();
     if (n == 0) return;
+    // by_argument: the gather's and the update's functors (two TensorRefs and the index) pass
+    // 512 bytes, where CUDA and HIP would launch through constant memory and wait (launch.hpp).
     if (index.identity || index.rank <= 1) {
-      Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n),
+      Kokkos::parallel_for(label,
+                           impl::kernels::by_argument(
+                               Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n)),
                            impl::kernels::FlatBlocked<Op, memory_space>{op, index});
     } else {
-      Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(n / index.last()), Kokkos::AUTO),
+      Kokkos::parallel_for(label,
+                           impl::kernels::by_argument(
+                               Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(n / index.last()), Kokkos::AUTO)),
                            impl::kernels::RowwiseBlocked<Op, memory_space>{op, index});
     }
   }
@@ -3172,6 +3179,7 @@ class Shampoo {
     m_tab_unfold.reserve(nb, 3 * rounds);
     m_tab_combine.reserve(nf, 2);
     m_tab_filter.reserve(np);
+    m_step_values.reserve(np);
     m_tab_unpack.reserve(nf, rounds);
     m_tab_copy.reserve(nb);
     m_tab_apply.reserve(nb);
@@ -3251,6 +3259,7 @@ class Shampoo {
   void for_each_table(F&& f) {
     f(m_tab_gather), f(m_tab_backup), f(m_tab_unfold), f(m_tab_combine), f(m_tab_filter), f(m_tab_unpack);
     f(m_tab_copy), f(m_tab_apply), f(m_tab_norms), f(m_tab_norm_sums), f(m_tab_matvec), f(m_tab_scale);
+    f(m_step_values);
   }
   // Host-to-memory-space copies of the batched passes so far: job tables, product pointer arrays
   // and the adding jobs of split products.
@@ -3398,26 +3407,40 @@ class Shampoo {
     double* const norms = m_batch_norms.data();
     double* const partials = m_batch_partials.data();
     m_batch_scalars.clear();
+    m_step_values.clear();
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      const auto& p = m_params[i];
+      const StepScalars& sc = m_batch_scalars.emplace_back(step_scalars(p));
+      // The bits the per-parameter kernels compute from (filter_kernel, update_kernel).
+      m_step_values.add({value_type(m_groups[p.group].options.lr), value_type(sc.decay),
+                         value_type(sc.bias_correction1), sc.graft.bias_correction});
+    }
+    const impl::kernels::StepValues<value_type>* const values = m_step_values.upload(space);
+    // The jobs' own copies of these scalars are set to constants: not read, and the same bytes
+    // on every step.
     m_tab_filter.clear();
     m_tab_norms.clear();
     m_tab_norm_sums.clear();
     for (std::size_t i = 0; i < m_params.size(); ++i) {
       auto& p = m_params[i];
-      m_batch_scalars.push_back(step_scalars(p));
       if (!computes(i, g)) continue;
-      const StepScalars& sc = m_batch_scalars.back();
+      const StepScalars& sc = m_batch_scalars[i];
       m_info.grafted = m_info.grafted || sc.graft_now;
       auto filter = filter_kernel(p, sc, m_grad, p.filtered, p.graft_state, m_work0);
       filter.grad = grad + m_batch_offset[i];
       filter.out = work + m_batch_offset[i];
-      m_tab_filter.add(filter, p.local_numel);
+      filter.bias_correction1 = value_type(1);
+      filter.graft.bias_correction = value_type(1);
+      m_tab_filter.add({filter, values + i}, p.local_numel);
       if (!Grafting::enabled || sc.graft_now) continue;
+      GraftScalars<value_type> graft = sc.graft;
+      graft.bias_correction = value_type(1);
       for (std::size_t b = 0; b < p.blocks.size(); ++b) {
         const auto& blk = p.blocks[b];
         const std::int64_t gb = m_batch_first_block[i] + static_cast<std::int64_t>(b), n = numel_of(blk.extent);
         const std::int64_t first = m_tab_norms.add({work + m_batch_offset[i] + blk.begin,
                                                     Grafting::has_state ? p.graft_state.data() + blk.begin : nullptr,
-                                                    partials, sc.graft, Grafting::has_state},
+                                                    partials, graft, Grafting::has_state, values + i},
                                                    n);
         m_tab_norm_sums.add({partials, first, m_tab_norms.chunks_of(n), norms + 2 * gb});
       }
@@ -3489,7 +3512,8 @@ class Shampoo {
         const value_type* const cur = m_batch_cur[static_cast<std::size_t>(gb)];
         if (cur != x) m_tab_copy.add({cur, x}, n);
         if constexpr (Grafting::enabled) {
-          const std::int64_t first = m_tab_norms.add({x, nullptr, partials, m_batch_scalars[i].graft, false}, n);
+          // ||P||: no grafting state, so no scalars read.
+          const std::int64_t first = m_tab_norms.add({x, nullptr, partials, GraftScalars<value_type>{}, false, nullptr}, n);
           m_tab_norm_sums.add({partials, first, m_tab_norms.chunks_of(n), norms + 2 * gb + 1});
           m_tab_scale.add({x, norms + 2 * gb}, n);
         }
@@ -3505,8 +3529,11 @@ class Shampoo {
       const auto& p = m_params[i];
       auto update = update_kernel(p, m_batch_scalars[i], m_work0, p.momentum, nullptr);
       update.direction = work + m_batch_offset[i];
+      update.decay = value_type(0);
+      update.lr = value_type(0);
+      const impl::kernels::StepUpdate<value_type, memory_space> stepped{update, values + i};
       for (std::size_t b = 0; b < p.blocks.size(); ++b)
-        m_tab_apply.add(block_mapped(update, p.blocks[b], static_cast<std::size_t>(m_batch_first_block[i]) + b),
+        m_tab_apply.add(block_mapped(stepped, p.blocks[b], static_cast<std::size_t>(m_batch_first_block[i]) + b),
                         numel_of(p.blocks[b].extent));
     }
     batch_launch(m_tab_apply, LATHER_LABEL("lather::Shampoo::batched_apply"), space);
@@ -4053,12 +4080,15 @@ class Shampoo {
   multi_table<impl::kernels::CopyBlock<factor_type>> m_tab_backup;
   multi_table<impl::kernels::UnfoldMode<value_type>> m_tab_unfold;
   multi_table<impl::kernels::CombineJob<value_type, factor_type>> m_tab_combine;
-  multi_table<impl::kernels::FilterAndGraft<value_type, memory_space>> m_tab_filter;
+  multi_table<impl::kernels::StepFilter<value_type, memory_space>> m_tab_filter;
   multi_table<impl::kernels::UnpackJob<inverse_factor_type, value_type>> m_tab_unpack;
   multi_table<impl::kernels::CopyBlock<value_type>> m_tab_copy;
-  multi_table<impl::kernels::BlockMapped<impl::kernels::ApplyUpdate<value_type, memory_space>>> m_tab_apply;
+  multi_table<impl::kernels::BlockMapped<impl::kernels::StepUpdate<value_type, memory_space>>> m_tab_apply;
   chunked_table<impl::kernels::NormChunkJob<value_type>> m_tab_norms;
   team_table<impl::kernels::NormSumJob> m_tab_norm_sums;
+  // Per piece: this step's learning rate, decay and bias corrections, read by the filter, norm
+  // and update jobs through pointers (so that their tables stay the same from step to step).
+  impl::kernels::ValueTable<ExecSpace, memory_space, impl::kernels::StepValues<value_type>> m_step_values;
   chunked_table<impl::kernels::MatVecChunkJob<value_type, inverse_factor_type>> m_tab_matvec;
   chunked_table<impl::kernels::GraftScaleJob<value_type>> m_tab_scale;
 };

@@ -202,6 +202,26 @@ class UploadedTable {
   std::int64_t m_uploads = 0;
 };
 
+/// \brief Values that kernels read through pointers their jobs hold (per-step scalars): add()
+/// one entry per index, then upload() once, before the launches that read them. The entries keep
+/// one place in the memory space, so entry k is at the same address on every upload and the jobs
+/// pointing there stay the same from step to step; an upload copies only the entries that
+/// changed (UploadedTable), none when nothing did.
+template <class ExecSpace, class MemorySpace, class Entry>
+class ValueTable : public UploadedTable<ExecSpace, MemorySpace, Entry> {
+  using base = UploadedTable<ExecSpace, MemorySpace, Entry>;
+
+ public:
+  void clear() { base::reset(); }
+  void add(const Entry& e) { base::push(e); }
+  /// The entries in `MemorySpace` (entry k at the result + k), their copy queued on `space` as
+  /// UploadedTable::upload's.
+  const Entry* upload(const ExecSpace& space) {
+    base::begin_step();  // one place: the same addresses on every upload
+    return base::upload(space).data();
+  }
+};
+
 /// \brief Tensors cut into chunks of multi_tensor_chunk_elements, one team per chunk, in one
 /// kernel whose team body is `Body` (MultiTensorBody or ChunkedTeamBody): the storage and launch
 /// of MultiTensorTable and ChunkedTeamTable.

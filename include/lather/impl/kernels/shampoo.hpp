@@ -476,11 +476,14 @@ struct FilterAndGraft {
   bool use_beta1, separate_beta3, use_bias_correction;
   GraftScalars<T> graft;
   bool graft_has_state, apply_graft;
-  KOKKOS_FUNCTION void operator()(std::int64_t q) const {
+  KOKKOS_FUNCTION void operator()(std::int64_t q) const { run(q, bias_correction1, graft); }
+  /// The pass with this step's bias corrections passed in (the batched passes read them from
+  /// device memory, StepValues, so that their job table stays the same from step to step).
+  KOKKOS_FUNCTION void run(std::int64_t q, T bc1, const GraftScalars<T>& gs) const {
     const T g = grad(q);
     T v = 0;
     if (graft_has_state) {
-      v = second_moment(graft_state(q), g, graft.beta2, graft.one_minus_beta2);
+      v = second_moment(graft_state(q), g, gs.beta2, gs.one_minus_beta2);
       graft_state(q) = v;
     }
     T gbar = g;
@@ -489,9 +492,9 @@ struct FilterAndGraft {
       const T m = ema(m_old, g, beta1, one_minus_beta1);
       filtered(q) = m;
       gbar = separate_beta3 ? ema(m_old, g, beta3, one_minus_beta3) : m;
-      if (use_bias_correction) gbar = gbar / bias_correction1;
+      if (use_bias_correction) gbar = gbar / bc1;
     }
-    out(q) = apply_graft ? graft_direction(gbar, v, graft, graft_has_state) : gbar;
+    out(q) = apply_graft ? graft_direction(gbar, v, gs, graft_has_state) : gbar;
   }
 };
 
@@ -877,17 +880,20 @@ struct ApplyUpdate {
   T decay, momentum, one_minus_dampening, lr;
   bool use_momentum, nesterov;
   T* delta_out = nullptr;  // DDP: the update goes to delta_out[i] (all-gathered), W is not written
-  KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const {
+  KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const { apply_with(i, q, decay, lr); }
+  /// The update with this step's decay and learning rate passed in (the batched passes read them
+  /// from device memory, StepValues: a learning-rate schedule leaves their job table unchanged).
+  KOKKOS_FUNCTION void apply_with(std::int64_t i, std::int64_t q, T decay_t, T lr_t) const {
     T& w = param[i];
     T p = direction(q);
-    if (decay != T(0)) p = p + decay * w;
+    if (decay_t != T(0)) p = p + decay_t * w;
     if (use_momentum) {
       const T m = momentum_buffer(q) * momentum + one_minus_dampening * p;
       momentum_buffer(q) = m;
       p = nesterov ? p * one_minus_dampening + momentum * m : m;
     }
     // The update is rounded to T before it is added, on one process as after an all-gather.
-    const T delta = (-lr) * p;
+    const T delta = (-lr_t) * p;
     if (delta_out != nullptr) delta_out[i] = delta;
     else w = w + delta;
   }

@@ -20,6 +20,38 @@
 
 namespace lather::impl::kernels {
 
+/// A parameter's scalars that change from step to step (bias corrections, and the learning rate
+/// and decay under a schedule), read by the batched passes' jobs from one small table in device
+/// memory rather than held in the jobs. Why: the job tables are copied to the device only where
+/// they changed (UploadedTable), and jobs holding these scalars changed every step: the filter's
+/// and the grafting norms' tables on every step of Adam grafting (3 copies a steady step), and
+/// the update's table, one entry per block, on every step of a learning-rate schedule. With the
+/// scalars here a steady step copies this table alone (one copy, or none when nothing changed).
+template <class T>
+struct StepValues {
+  T lr, decay, bias_correction1, graft_bias_correction;
+};
+
+/// FilterAndGraft with the bias corrections read from `step`.
+template <class T, class MemorySpace>
+struct StepFilter {
+  FilterAndGraft<T, MemorySpace> filter;  // its bias corrections are not read
+  const StepValues<T>* step;
+  KOKKOS_FUNCTION void operator()(std::int64_t q) const {
+    GraftScalars<T> gs = filter.graft;
+    gs.bias_correction = step->graft_bias_correction;
+    filter.run(q, step->bias_correction1, gs);
+  }
+};
+
+/// ApplyUpdate with the decay and learning rate read from `step` (an op of BlockMapped).
+template <class T, class MemorySpace>
+struct StepUpdate {
+  ApplyUpdate<T, MemorySpace> update;  // its decay and learning rate are not read
+  const StepValues<T>* step;
+  KOKKOS_FUNCTION void apply(std::int64_t i, std::int64_t q) const { update.apply_with(i, q, step->decay, step->lr); }
+};
+
 /// Runs an element-wise blocked functor (apply(flat, blocked)) over one block: element q of the
 /// block (blocked position begin + q) is the parameter's row-major element origin + sum_j l_j
 /// stride_j, with l the block-local coordinates of q over the block's extents. One division per
@@ -136,7 +168,8 @@ struct MatVecChunkJob {
 /// The squared norm of graft(x) (of x when `has_state` is false) over one chunk of a block's
 /// elements (BlockNorms' terms), into partials[chunk]; NormSumJob adds a block's partials. A
 /// ChunkedTeamTable job: one team per chunk of 4096 elements, not per block (one team per block
-/// read a block at one GPU multiprocessor's bandwidth).
+/// read a block at one GPU multiprocessor's bandwidth). With `has_state`, the bias correction is
+/// read from `step` (StepValues), not from `graft`.
 template <class T>
 struct NormChunkJob {
   const T* x;
@@ -144,12 +177,15 @@ struct NormChunkJob {
   double* partials;
   GraftScalars<T> graft;
   bool has_state;
+  const StepValues<T>* step;
   template <class Member>
   KOKKOS_FUNCTION void operator()(const Member& team, std::int64_t begin, std::int64_t end, std::int64_t chunk) const {
+    GraftScalars<T> gs = graft;
+    if (has_state) gs.bias_correction = step->graft_bias_correction;
     double sum = 0;
     Kokkos::parallel_reduce(
         Kokkos::TeamThreadRange(team, begin, end),
-        [&](std::int64_t q, double& acc) { acc += block_norm_term(x[q], has_state ? v[q] : T(0), graft, has_state); }, sum);
+        [&](std::int64_t q, double& acc) { acc += block_norm_term(x[q], has_state ? v[q] : T(0), gs, has_state); }, sum);
     Kokkos::single(Kokkos::PerTeam(team), [&]() { partials[chunk] = sum; });
   }
 };
