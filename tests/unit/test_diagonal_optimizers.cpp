@@ -16,12 +16,14 @@
 #include "exec_spaces.hpp"
 #include "test_utils.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace {
@@ -616,3 +618,122 @@ TEST_CASE_TEMPLATE_DEFINE("SGD/Adagrad/RMSprop: all parameters in one chunk loop
   }
 }
 TEST_CASE_TEMPLATE_APPLY(other_chunks, lather_test_exec_spaces);
+
+// ---- where a step reads the NaN/Inf screen back ------------------------------------------------
+
+namespace {
+
+std::vector<std::string> g_events;  // what the Kokkos Tools callbacks saw, in order
+void record_kernel(const char* name, std::uint32_t, std::uint64_t* id) {
+  g_events.push_back(std::string("kernel ") + name);
+  *id = 0;
+}
+void record_region(const char* name) { g_events.push_back(std::string("region ") + name); }
+
+// The kernels launched and the profiling regions entered by one call of f.
+template <class F>
+std::vector<std::string> events_of(F&& f) {
+  namespace T = Kokkos::Tools::Experimental;
+  g_events.clear();
+  T::set_begin_parallel_for_callback(record_kernel);
+  T::set_push_region_callback(record_region);
+  f();
+  T::set_begin_parallel_for_callback(nullptr);
+  T::set_push_region_callback(nullptr);
+  return g_events;
+}
+std::ptrdiff_t position(const std::vector<std::string>& events, const std::string& what) {
+  const auto it = std::find(events.begin(), events.end(), what);
+  return it == events.end() ? -1 : it - events.begin();
+}
+
+// With the kernels devices run (set_portable_kernels(true)), where a step reads the screen's
+// counts back ("region ...::read_screen", a wait on a device) against its update kernel: the
+// update is queued first, gated on the counts on the device, and the counts are read once, at
+// the end (AdamW's buffers are allocated with the optimizer, so from the first step); the gated
+// run ends with the bits of a run without the check. A step that allocates a buffer (SGD's
+// momentum turned on by set_options) and a non-contiguous parameter (a kernel of its own, not
+// gated) make the step read first, before anything is queued.
+template <class T, class ExecSpace>
+void impl_test_screen_order() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  const std::string read = "region lather::AdamW::read_screen", update = "kernel lather::AdamW::step";
+  auto make = [](std::vector<P>& params, bool check) {
+    lather::AdamW<P, ExecSpace> opt(params, {.lr = 0.01, .weight_decay = 0.1});
+    opt.set_portable_kernels(true);
+    opt.set_check_finite(check);
+    return opt;
+  };
+  struct Run {
+    Kokkos::View<T**, Kokkos::LayoutRight, M> w{"w", 5, 3}, gw{"gw", 5, 3};
+    Kokkos::View<T*, M> b{"b", 7}, gb{"gb", 7};
+    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(b)};
+    std::vector<P> grads{lather::tensor_ref(gw), lather::tensor_ref(gb)};
+    Run() {
+      for (std::size_t i = 0; i < 2; ++i) lather::test::from_host(params[i], lather::test::random_values(params[i].size(), 3 + i));
+    }
+    void set_grads(int t) {
+      for (std::size_t i = 0; i < 2; ++i)
+        lather::test::from_host(grads[i], lather::test::random_values(grads[i].size(), 100 * t + i));
+    }
+  };
+  Run gated, plain;
+  auto opt = make(gated.params, true);
+  auto opt_plain = make(plain.params, false);
+  for (int t = 1; t <= 4; ++t) {
+    CAPTURE(t);
+    gated.set_grads(t);
+    plain.set_grads(t);
+    const auto e = events_of([&] { opt.step(ExecSpace(), gated.grads); });
+    REQUIRE(position(e, read) >= 0);
+    REQUIRE(position(e, update) >= 0);
+    CHECK(std::count(e.begin(), e.end(), read) == 1);
+    CHECK(position(e, update) < position(e, read));
+    opt_plain.step(ExecSpace(), plain.grads);
+    for (std::size_t i = 0; i < 2; ++i)
+      CHECK(lather::test::to_host(gated.params[i]) == lather::test::to_host(plain.params[i]));
+  }
+  CHECK(opt.state_dict() == opt_plain.state_dict());
+
+  // A strided parameter: every other element of a buffer.
+  Kokkos::View<T*, M> buffer("buffer", 14), gbuffer("gbuffer", 14);
+  Kokkos::View<T*, Kokkos::LayoutStride, M> strided(buffer.data(), Kokkos::LayoutStride(7, 2)),
+      gstrided(gbuffer.data(), Kokkos::LayoutStride(7, 2));
+  Run mixed;
+  std::vector<P> params{mixed.params[0], lather::tensor_ref(strided)}, grads{mixed.grads[0], lather::tensor_ref(gstrided)};
+  auto opt_mixed = make(params, true);
+  for (int t = 1; t <= 2; ++t) {
+    CAPTURE(t);
+    mixed.set_grads(t);
+    const auto e = events_of([&] { opt_mixed.step(ExecSpace(), grads); });
+    REQUIRE(position(e, read) >= 0);
+    REQUIRE(position(e, update) >= 0);
+    CHECK(position(e, read) < position(e, update));
+  }
+
+  // SGD: no buffer without momentum; momentum turned on allocates one on the next step.
+  Run sgd_run;
+  lather::SGD<P, ExecSpace> sgd(sgd_run.params, {.lr = 0.1});
+  sgd.set_portable_kernels(true);
+  const std::string sgd_read = "region lather::SGD::read_screen", sgd_update = "kernel lather::SGD::step";
+  for (int t = 1; t <= 4; ++t) {
+    CAPTURE(t);
+    if (t == 2) sgd.set_options(0, {.lr = 0.1, .momentum = 0.9});
+    sgd_run.set_grads(t);
+    const auto e = events_of([&] { sgd.step(ExecSpace(), sgd_run.grads); });
+    REQUIRE(position(e, sgd_read) >= 0);
+    REQUIRE(position(e, sgd_update) >= 0);
+    if (t == 2) CHECK(position(e, sgd_read) < position(e, sgd_update));
+    else CHECK(position(e, sgd_update) < position(e, sgd_read));
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("diagonal optimizers: the update is queued before the screen is read", ExecSpace,
+                          screen_order) {
+  impl_test_screen_order<float, ExecSpace>();
+  impl_test_screen_order<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(screen_order, lather_test_exec_spaces);

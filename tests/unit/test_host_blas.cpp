@@ -713,6 +713,12 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
                                                                     lather::AdamWOptions{.lr = 1e-3});
     adamw.step(space, grads);
     CHECK(heap_allocations([&] { adamw.step(space, grads); }) == 0);
+    // The kernels devices run, the update gated on the screen's counts (DiagonalOptimizer::step).
+    lather::AdamW<lather::TensorRef<float, Space>, ExecSpace> gated(std::span<lather::TensorRef<float, Space>>(params),
+                                                                    lather::AdamWOptions{.lr = 1e-3});
+    gated.set_portable_kernels(true);
+    gated.step(space, grads);
+    CHECK(heap_allocations([&] { gated.step(space, grads); }) == 0);
   }
 }
 TEST_CASE_TEMPLATE_APPLY(step_allocations, lather_test_exec_spaces);

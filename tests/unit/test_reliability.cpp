@@ -140,6 +140,26 @@ void impl_test_policies() {
   check_policies<T, ExecSpace>([](std::vector<P>& p) { return lather::Adam<P, ExecSpace>(p, {.lr = 0.01, .amsgrad = true}); },
                                "Adam");
   check_policies<T, ExecSpace>([](std::vector<P>& p) { return lather::AdamW<P, ExecSpace>(p, {.lr = 0.01}); }, "AdamW");
+  // The same with the kernels devices run: from the second step the update is queued behind the
+  // count, gated on it, and the counts are read afterwards (impl::DiagonalOptimizer::step), so
+  // what the policy refuses must be skipped on the device and put back on the host.
+  const auto portable = [](auto opt) {
+    opt.set_portable_kernels(true);
+    return opt;
+  };
+  check_policies<T, ExecSpace>(
+      [&](std::vector<P>& p) { return portable(lather::SGD<P, ExecSpace>(p, {.lr = 0.1, .momentum = 0.9})); },
+      "SGD, portable kernels");
+  check_policies<T, ExecSpace>(
+      [&](std::vector<P>& p) { return portable(lather::Adagrad<P, ExecSpace>(p, {.lr = 0.1})); }, "Adagrad, portable kernels");
+  check_policies<T, ExecSpace>(
+      [&](std::vector<P>& p) { return portable(lather::RMSprop<P, ExecSpace>(p, {.lr = 0.01, .centered = true})); },
+      "RMSprop, portable kernels");
+  check_policies<T, ExecSpace>(
+      [&](std::vector<P>& p) { return portable(lather::Adam<P, ExecSpace>(p, {.lr = 0.01, .amsgrad = true})); },
+      "Adam, portable kernels");
+  check_policies<T, ExecSpace>([&](std::vector<P>& p) { return portable(lather::AdamW<P, ExecSpace>(p, {.lr = 0.01})); },
+                               "AdamW, portable kernels");
   const lather::ShampooOptions o{.lr = 0.01, .betas = {0.9, 0.999}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
                                  .precondition_frequency = 2, .momentum = 0.5};
   check_policies<T, ExecSpace>(

@@ -141,6 +141,7 @@ class DiagonalOptimizer {
       m_job_chunks.reserve(m_params.size());
     }
     m_multi.reserve(m_params.size());
+    m_saved.reserve(m_params.size());
   }
 
   // ---- the step ------------------------------------------------------------------------------
@@ -163,12 +164,17 @@ class DiagonalOptimizer {
                   "lather: the execution space cannot access the gradients' memory space");
     const auto describe_param = [this](std::size_t i) { return describe(i); };
     auto& g = m_intake.convert(grads, m_params, describe_param);  // reused storage: no allocation
-    if (m_check_finite &&
-        m_intake.screen(space, g, m_params, describe_param,
-                        "Skip this batch, lower the learning rate or add gradient clipping", m_nonfinite_policy)) {
+    static constexpr const char* hint = "Skip this batch, lower the learning rate or add gradient clipping";
+    // Gated (queues_screen): the update kernel skips on the device what the screen's counts
+    // refuse, and the host reads the counts after queueing it (one wait, at the end); otherwise
+    // the screen waits for its counts before anything is queued.
+    m_intake.set_count_with_kernels(m_portable_kernels);
+    const bool gated = m_check_finite && queues_screen(g);
+    if (m_check_finite && !gated && m_intake.screen(space, g, m_params, describe_param, hint, m_nonfinite_policy)) {
       Kokkos::Profiling::popRegion();
       return;  // NonFinitePolicy::skip_step: nothing changes
     }
+    if (gated) m_intake.queue_count(space, g, m_params);
     const std::size_t n = g.size();
     if constexpr (has_host_jobs) {
       m_jobs.clear();
@@ -176,11 +182,13 @@ class DiagonalOptimizer {
     }
     m_multi.clear();
     m_multi.begin_step();  // one launch a step: the same place each step
+    m_saved.clear();
     for (std::size_t i = 0; i < n; ++i) {
       if (!m_intake.has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
       const options_type& o = m_group_options[m_group_of[i]];
-      allocate_needed(i);
+      allocate_needed(i);  // allocates nothing when gated (queues_screen)
       state_type& s = m_states[i];
+      if (gated) m_saved.push_back({i, s.step, s.present});  // put back if the screen refuses
       s.step += 1;
       if constexpr (has_host_jobs) {
         // Host data the algorithm can run in chunks: collected, then one loop for all (below).
@@ -193,7 +201,8 @@ class DiagonalOptimizer {
       }
       if (m_params[i].is_row_major_contiguous() && g[i].is_row_major_contiguous()) {
         // Everything else contiguous (all of it on devices): one kernel for all (below).
-        m_multi.add(Algorithm::template step_kernel<true>(o, s, m_params[i], g[i]), m_params[i].size());
+        m_multi.add(Algorithm::template step_kernel<true>(o, s, m_params[i], g[i]), m_params[i].size(),
+                    gated ? m_intake.gate(i, m_nonfinite_policy) : nullptr);
         continue;
       }
       Algorithm::template update<ExecSpace>(space, o, s, m_params[i], g[i]);
@@ -207,6 +216,21 @@ class DiagonalOptimizer {
       m_jobs.clear();  // jobs may hold Views of the state: no reference outlives the step
     }
     m_multi.launch(step_label(), space);
+    if (gated) {
+      m_intake.read_counts(space);
+      if (m_intake.any_counted()) {
+        // The gated kernels changed nothing the policy refuses; put back the host's side of it
+        // (step counts, buffers marked as holding state), then raise or count as screen() does.
+        for (const Saved& k : m_saved) {
+          if (m_nonfinite_policy == NonFinitePolicy::skip_parameter && m_intake.count(k.index) == 0) continue;
+          m_states[k.index].step = k.step;
+          m_states[k.index].present = k.present;
+        }
+        Kokkos::Profiling::popRegion();
+        m_intake.judge(g, describe_param, hint, m_nonfinite_policy);
+        return;
+      }
+    }
     Kokkos::Profiling::popRegion();
   }
 
@@ -219,9 +243,14 @@ class DiagonalOptimizer {
 
   /// \brief Whether step() checks every gradient for NaN and Inf before changing anything (on
   /// by default). The check reads each gradient once and waits for the result (one fence of the
-  /// step's execution space per step); turn it off to keep step() fully asynchronous when the
-  /// trainer checks its loss itself (on CUDA and host spaces; on other devices the upload of the
-  /// multi-tensor loop's job table still waits for its copy, see set_portable_kernels).
+  /// step's execution space per step): on devices (and with set_portable_kernels(true)) after
+  /// the update kernel is queued, which skips on the device what the counts refuse, except on a
+  /// step that allocates a buffer (one that set_options turned on; the others are allocated with
+  /// the optimizer) or has a non-contiguous parameter, where the check waits before anything is
+  /// queued. Turn it off to keep step() fully asynchronous
+  /// when the trainer checks its loss itself (on CUDA and host spaces; on other devices the
+  /// upload of the multi-tensor loop's job table still waits for its copy, see
+  /// set_portable_kernels).
   void set_check_finite(bool on) noexcept { m_check_finite = on; }
   [[nodiscard]] bool check_finite() const noexcept { return m_check_finite; }
 
@@ -234,7 +263,9 @@ class DiagonalOptimizer {
   /// amsgrad), and the portable kernel for the rest. `true` sends every contiguous host
   /// parameter to the portable kernel as on a device: the same operations in the same order,
   /// so the same results where the compiler contracts no multiply-add; for tests and
-  /// comparisons. Non-contiguous parameters keep a kernel each on every space.
+  /// comparisons. Non-contiguous parameters keep a kernel each on every space. With `true` the
+  /// NaN/Inf screen also counts with the devices' kernel and gates the update as on a device
+  /// (set_check_finite), slower on the host than its vectorized count.
   void set_portable_kernels(bool on) noexcept { m_portable_kernels = on; }
   [[nodiscard]] bool portable_kernels() const noexcept { return m_portable_kernels; }
 
@@ -465,6 +496,27 @@ class DiagonalOptimizer {
         std::string("lather::") + Algorithm::name + "::" + Algorithm::field_names[f],
         static_cast<std::size_t>(m_params[i].size()));
   }
+  // Whether this step's screen can be gated (see step()): the updates all go to the multi-tensor
+  // kernel (a device, or set_portable_kernels(true) on a host space: the host chunk loop counts
+  // in the same thread and has nothing to wait for), every parameter with a gradient is
+  // contiguous (a kernel of its own would not be gated) and holds all its buffers already (an
+  // allocation this step could not be taken back).
+  bool queues_screen(const std::vector<TensorRef<const value_type, memory_space>>& g) const {
+#ifdef LATHER_HAS_HOST_CHUNKS
+    if (kernels::host_chunks_apply<ExecSpace, memory_space> && !m_portable_kernels) return false;
+#endif
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (!m_intake.has_gradient(g[i], m_params[i]) || m_params[i].size() == 0) continue;
+      if (!m_params[i].is_row_major_contiguous() || !g[i].is_row_major_contiguous()) return false;
+      const options_type& o = m_group_options[m_group_of[i]];
+      for (std::size_t f = 0; f < num_fields; ++f)
+        if (Algorithm::uses_field(o, f) &&
+            (m_states[i].fields[f].data() == nullptr ||
+             m_states[i].fields[f].extent(0) != static_cast<std::size_t>(m_params[i].size())))
+          return false;
+    }
+    return true;
+  }
   // Allocates (zeroed) every buffer the current options use, so step() does not allocate.
   void allocate_needed(std::size_t i) {
     const options_type& o = m_group_options[m_group_of[i]];
@@ -527,6 +579,13 @@ class DiagonalOptimizer {
       std::declval<const options_type&>(), std::declval<state_type&>(), std::declval<const tensor_type&>(),
       std::declval<const TensorRef<const value_type, memory_space>&>()));
   kernels::MultiTensorTable<ExecSpace, memory_space, multi_job_type> m_multi;
+  // A gated step's host bookkeeping before it (reserved: no allocation in step()).
+  struct Saved {
+    std::size_t index;
+    std::int64_t step;
+    std::array<bool, num_fields> present;
+  };
+  std::vector<Saved> m_saved;
   bool m_portable_kernels = false;
   bool m_check_finite = true;
   NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;

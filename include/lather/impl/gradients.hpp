@@ -63,7 +63,8 @@ class GradientIntake {
   GradientIntake(std::string optimizer, std::size_t num_params)
       : m_optimizer(std::move(optimizer)),
         m_check_label("lather::" + m_optimizer + "::check_finite"),
-        m_counts("lather::" + m_optimizer + "::nonfinite_counts", num_params),
+        m_read_label("lather::" + m_optimizer + "::read_screen"),
+        m_counts("lather::" + m_optimizer + "::nonfinite_counts", num_params + 1),
         m_counts_host(Kokkos::create_mirror_view(m_counts)),
         m_skips(num_params, 0) {
     m_count_jobs.reserve(num_params);
@@ -114,7 +115,7 @@ class GradientIntake {
   bool screen(const ExecSpace& space, std::vector<grad_ref>& g, const std::vector<param_ref>& params,
               const std::function<std::string(std::size_t)>& describe, const char* hint, NonFinitePolicy policy,
               const std::function<void(std::vector<std::int64_t>&)>& combine = {}) {
-    count_nonfinite(space, g, params);
+    count_nonfinite(space, g, params, m_with_kernels);
     if (combine) {
       std::vector<std::int64_t>& counts = m_combined;
       counts.resize(g.size());
@@ -122,6 +123,45 @@ class GradientIntake {
       combine(counts);
       for (std::size_t i = 0; i < g.size(); ++i) m_counts_host(i) = counts[i];
     }
+    return judge(g, describe, hint, policy);
+  }
+
+  /// \brief The screen in two halves, for a step whose state-changing kernels are gated on the
+  /// counts (DiagonalOptimizer::step): queue_count() queues the count kernels and no wait;
+  /// gate(i, policy) is the device counter that parameter i's kernels must find zero to run;
+  /// read_counts() waits for the counts once the step's kernels are queued, and judge() then
+  /// applies the policy as screen() does (after the caller has put back its host bookkeeping of
+  /// what the gated kernels skipped).
+  ///
+  /// Why: screen() waits for the counts before the step can queue anything, so on a GPU the
+  /// device idles through the copy back, the host's decision and the next launches, every step
+  /// (a round trip of tens of microseconds against AdamW's 0.22 ms step on gpt2-block on an H100,
+  /// docs/performance.md). Gated, the step's kernels are queued behind the count without a wait
+  /// and the host waits once, at the end.
+  void queue_count(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params) {
+    count_kernels(space, g, params);
+  }
+  /// The device counter parameter i's kernels read: its own count when only it is skipped
+  /// (NonFinitePolicy::skip_parameter), the total otherwise (raise and skip_step change nothing).
+  [[nodiscard]] const std::int64_t* gate(std::size_t i, NonFinitePolicy policy) const {
+    return m_counts.data() + (policy == NonFinitePolicy::skip_parameter ? i : m_counts.extent(0) - 1);
+  }
+  /// Copies the counts queued by queue_count() back and waits for them (one fence of `space`).
+  void read_counts(const ExecSpace& space) {
+    Kokkos::Profiling::pushRegion(m_read_label);
+    Kokkos::deep_copy(space, m_counts_host, m_counts);
+    space.fence();
+    Kokkos::Profiling::popRegion();
+  }
+  /// NaN/Inf values counted in parameter i's gradient (after read_counts() or screen()).
+  [[nodiscard]] std::int64_t count(std::size_t i) const { return m_counts_host(i); }
+  /// Whether any gradient had NaN/Inf values (after read_counts()).
+  [[nodiscard]] bool any_counted() const { return m_counts_host(m_counts_host.extent(0) - 1) != 0; }
+
+  /// Applies `policy` to the counts read (see screen()): throws for raise, counts the skips,
+  /// replaces skipped gradients by "no gradient" for skip_parameter; true for a skipped step.
+  bool judge(std::vector<grad_ref>& g, const std::function<std::string(std::size_t)>& describe, const char* hint,
+             NonFinitePolicy policy) {
     bool any = false;
     for (std::size_t i = 0; i < g.size(); ++i) {
       if (m_counts_host(i) == 0) continue;
@@ -141,6 +181,10 @@ class GradientIntake {
     return policy == NonFinitePolicy::skip_step;
   }
 
+  /// Whether host spaces count with the kernels devices run (the optimizers'
+  /// set_portable_kernels), not the host chunk loop.
+  void set_count_with_kernels(bool on) noexcept { m_with_kernels = on; }
+
   /// Steps on which parameter i's gradient had NaN/Inf values and was skipped.
   [[nodiscard]] std::int64_t nonfinite_skips(std::size_t i) const { return m_skips.at(i); }
   /// Whole steps skipped by NonFinitePolicy::skip_step.
@@ -151,7 +195,7 @@ class GradientIntake {
   /// parameter.
   void check_finite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params,
                     const std::function<std::string(std::size_t)>& describe, const char* hint) {
-    count_nonfinite(space, g, params);
+    count_nonfinite(space, g, params, m_with_kernels);
     for (std::size_t i = 0; i < g.size(); ++i)
       LATHER_THROW_IF(m_counts_host(i) != 0, "lather::", m_optimizer, "::step: the gradient of ", describe(i),
                       " has ", m_counts_host(i), " NaN or Inf value(s) out of ", g[i].size(),
@@ -195,31 +239,43 @@ class GradientIntake {
     }
   }
 
-  void count_nonfinite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params) {
+  // The counts of every present gradient in m_counts_host; `with_kernels` counts with the kernels
+  // devices run also on host spaces.
+  void count_nonfinite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params,
+                       bool with_kernels) {
 #ifdef LATHER_HAS_HOST_CHUNKS
     if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible &&
                   Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
-      // Host: every gradient's chunks in one parallel loop (kernels/host_chunks.hpp says why).
-      for (std::size_t i = 0; i < g.size(); ++i) m_counts_host(i) = 0;
-      m_chunks.clear();
-      for (std::size_t i = 0; i < g.size(); ++i)
-        if (has_gradient(g[i], params[i])) m_chunks.add(i, g[i].size());
-      const auto counts = m_counts_host;
-      kernels::for_host_chunks(m_check_label, space, m_chunks, [&](std::size_t e, std::int64_t begin, std::int64_t end) {
-        const std::size_t i = m_chunks.item(e);
-        const grad_ref& r = g[i];
-        std::int64_t n = 0;
-        if (r.is_row_major_contiguous()) {
-          n = kernels::host_count_nonfinite(r.data() + begin, end - begin);
-        } else {
-          for (std::int64_t q = begin; q < end; ++q) n += !math::isfinite(r[q]);
-        }
-        if (n != 0) Kokkos::atomic_add(&counts(i), n);  // rare: no contention in the normal case
-      });
-      space.fence();
-      return;
+      if (!with_kernels) {
+        // Host: every gradient's chunks in one parallel loop (kernels/host_chunks.hpp says why).
+        for (std::size_t i = 0; i < m_counts_host.extent(0); ++i) m_counts_host(i) = 0;
+        m_chunks.clear();
+        for (std::size_t i = 0; i < g.size(); ++i)
+          if (has_gradient(g[i], params[i])) m_chunks.add(i, g[i].size());
+        const auto counts = m_counts_host;
+        kernels::for_host_chunks(m_check_label, space, m_chunks, [&](std::size_t e, std::int64_t begin, std::int64_t end) {
+          const std::size_t i = m_chunks.item(e);
+          const grad_ref& r = g[i];
+          std::int64_t n = 0;
+          if (r.is_row_major_contiguous()) {
+            n = kernels::host_count_nonfinite(r.data() + begin, end - begin);
+          } else {
+            for (std::int64_t q = begin; q < end; ++q) n += !math::isfinite(r[q]);
+          }
+          if (n != 0) Kokkos::atomic_add(&counts(i), n);  // rare: no contention in the normal case
+        });
+        space.fence();
+        return;
+      }
     }
 #endif
+    count_kernels(space, g, params);
+    read_counts(space);
+  }
+
+  // Queues the zeroing of the counts and one kernel counting every present gradient into its
+  // counter and the total (the last counter).
+  void count_kernels(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params) {
     // A kernel, not deep_copy(space, view, 0): Kokkos 3.4's scalar fill allocates a label.
     Kokkos::parallel_for(LATHER_LABEL("lather::GradientIntake::zero_counts"),
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
@@ -229,14 +285,14 @@ class GradientIntake {
     m_count_jobs.clear();
     m_count_jobs.begin_step();  // one launch a step: the same place each step
     for (std::size_t i = 0; i < g.size(); ++i)
-      if (has_gradient(g[i], params[i])) m_count_jobs.add({g[i], m_counts.data(), i}, g[i].size());
+      if (has_gradient(g[i], params[i]))
+        m_count_jobs.add({g[i], m_counts.data(), i, m_counts.data() + (m_counts.extent(0) - 1)}, g[i].size());
     m_count_jobs.launch(m_check_label, space);
-    Kokkos::deep_copy(space, m_counts_host, m_counts);
-    space.fence();
   }
 
   std::string m_optimizer;
   std::string m_check_label;  // built once: a label built per launch allocates
+  std::string m_read_label;
   std::vector<grad_ref> m_converted;
   std::vector<Range> m_ranges;
   std::vector<std::int64_t> m_combined;
@@ -247,6 +303,7 @@ class GradientIntake {
   decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, MemorySpace>>())) m_counts_host;
   std::vector<std::int64_t> m_skips;
   std::int64_t m_skipped_steps = 0;
+  bool m_with_kernels = false;
 };
 
 }  // namespace lather::impl

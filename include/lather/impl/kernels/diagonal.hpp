@@ -57,14 +57,18 @@ struct Field {
   KOKKOS_INLINE_FUNCTION T* data() const { return ptr; }
 };
 
-/// Adds the number of NaN/Inf elements of `grad` to `counts(slot)`.
+/// Adds the number of NaN/Inf elements of `grad` to `counts(slot)` (and to `*total` when set).
 template <class T, class MemorySpace>
 struct CountNonFinite {
   TensorRef<const T, MemorySpace> grad;
   std::int64_t* counts;  // device memory, one counter per gradient
   std::size_t slot;
+  std::int64_t* total = nullptr;  // also counted here when set (the screen's gate for a whole step)
   KOKKOS_FUNCTION void operator()(index_type i) const {
-    if (!math::isfinite(grad[i])) Kokkos::atomic_add(counts + slot, std::int64_t{1});
+    if (!math::isfinite(grad[i])) {
+      Kokkos::atomic_add(counts + slot, std::int64_t{1});
+      if (total != nullptr) Kokkos::atomic_add(total, std::int64_t{1});
+    }
   }
 };
 

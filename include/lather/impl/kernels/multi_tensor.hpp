@@ -42,12 +42,17 @@ namespace lather::impl::kernels {
 /// GPU team, and as long as the host chunk loop's chunks on host spaces.
 inline constexpr std::int64_t multi_tensor_chunk_elements = 4096;
 
-/// One tensor's entry: its job, its element count and the index of its first chunk.
+/// One tensor's entry: its job, its element count, the index of its first chunk, and a device
+/// counter its chunks must find zero to run (none: they always run; read once per chunk). Why
+/// the gate: a step can queue its updates behind the NaN/Inf count of its gradients without
+/// waiting for the count on the host (impl::GradientIntake::queue_count); its address stays the
+/// same from step to step, so it does not make the table change.
 template <class Job>
 struct MultiTensorEntry {
   Job job;
   std::int64_t size;
   std::int64_t first_chunk;
+  const std::int64_t* gate;
 };
 
 /// \brief The team body: finds the chunk's entry (binary search over first_chunk) and runs the
@@ -60,6 +65,7 @@ struct MultiTensorBody {
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t c = team.league_rank();
     const MultiTensorEntry<Job>& e = entries(chunk_entry(entries, c));
+    if (e.gate != nullptr && *e.gate != 0) return;
     const std::int64_t begin = (c - e.first_chunk) * multi_tensor_chunk_elements;
     const std::int64_t end = begin + multi_tensor_chunk_elements < e.size ? begin + multi_tensor_chunk_elements : e.size;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::int64_t i) { e.job(i); });
@@ -87,6 +93,7 @@ struct ChunkedTeamBody {
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t c = team.league_rank();
     const MultiTensorEntry<Job>& e = entries(MultiTensorBody<ExecSpace, MemorySpace, Job>::chunk_entry(entries, c));
+    if (e.gate != nullptr && *e.gate != 0) return;
     const std::int64_t begin = (c - e.first_chunk) * multi_tensor_chunk_elements;
     const std::int64_t end = begin + multi_tensor_chunk_elements < e.size ? begin + multi_tensor_chunk_elements : e.size;
     e.job(team, begin, end, c);
@@ -240,12 +247,13 @@ class ChunkTable : public UploadedTable<ExecSpace, MemorySpace, MultiTensorEntry
     return size <= 0 ? 0 : (size + multi_tensor_chunk_elements - 1) / multi_tensor_chunk_elements;
   }
 
-  /// Adds a tensor of `size` elements (an empty one adds nothing; at most reserve()'s n jobs);
+  /// Adds a tensor of `size` elements (an empty one adds nothing; at most reserve()'s n jobs),
+  /// whose chunks run only where `*gate` is zero when a gate is given (MultiTensorEntry);
   /// returns the index of its first chunk, which is chunks() before the call.
-  std::int64_t add(const Job& job, std::int64_t size) {
+  std::int64_t add(const Job& job, std::int64_t size, const std::int64_t* gate = nullptr) {
     const std::int64_t first = m_chunks;
     if (size <= 0) return first;
-    base::push(MultiTensorEntry<Job>{job, size, m_chunks});
+    base::push(MultiTensorEntry<Job>{job, size, m_chunks, gate});
     m_chunks += chunks_of(size);
     return first;
   }
