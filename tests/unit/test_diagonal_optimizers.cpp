@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include "exec_spaces.hpp"
+#include "launch_events.hpp"
 #include "test_utils.hpp"
 
 #include <algorithm>
@@ -623,29 +624,8 @@ TEST_CASE_TEMPLATE_APPLY(other_chunks, lather_test_exec_spaces);
 
 namespace {
 
-std::vector<std::string> g_events;  // what the Kokkos Tools callbacks saw, in order
-void record_kernel(const char* name, std::uint32_t, std::uint64_t* id) {
-  g_events.push_back(std::string("kernel ") + name);
-  *id = 0;
-}
-void record_region(const char* name) { g_events.push_back(std::string("region ") + name); }
-
-// The kernels launched and the profiling regions entered by one call of f.
-template <class F>
-std::vector<std::string> events_of(F&& f) {
-  namespace T = Kokkos::Tools::Experimental;
-  g_events.clear();
-  T::set_begin_parallel_for_callback(record_kernel);
-  T::set_push_region_callback(record_region);
-  f();
-  T::set_begin_parallel_for_callback(nullptr);
-  T::set_push_region_callback(nullptr);
-  return g_events;
-}
-std::ptrdiff_t position(const std::vector<std::string>& events, const std::string& what) {
-  const auto it = std::find(events.begin(), events.end(), what);
-  return it == events.end() ? -1 : it - events.begin();
-}
+using lather::test::events_of;
+using lather::test::position;
 
 // With the kernels devices run (set_portable_kernels(true)), where a step reads the screen's
 // counts back ("region ...::read_screen", a wait on a device) against its update kernel: the
@@ -665,20 +645,8 @@ void impl_test_screen_order() {
     opt.set_check_finite(check);
     return opt;
   };
-  struct Run {
-    Kokkos::View<T**, Kokkos::LayoutRight, M> w{"w", 5, 3}, gw{"gw", 5, 3};
-    Kokkos::View<T*, M> b{"b", 7}, gb{"gb", 7};
-    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(b)};
-    std::vector<P> grads{lather::tensor_ref(gw), lather::tensor_ref(gb)};
-    Run() {
-      for (std::size_t i = 0; i < 2; ++i) lather::test::from_host(params[i], lather::test::random_values(params[i].size(), 3 + i));
-    }
-    void set_grads(int t) {
-      for (std::size_t i = 0; i < 2; ++i)
-        lather::test::from_host(grads[i], lather::test::random_values(grads[i].size(), 100 * t + i));
-    }
-  };
-  Run gated, plain;
+  using Run = lather::test::ScreenModel<T, M>;
+  Run gated(5, 3, 7), plain(5, 3, 7);
   auto opt = make(gated.params, true);
   auto opt_plain = make(plain.params, false);
   for (int t = 1; t <= 4; ++t) {
@@ -700,7 +668,7 @@ void impl_test_screen_order() {
   Kokkos::View<T*, M> buffer("buffer", 14), gbuffer("gbuffer", 14);
   Kokkos::View<T*, Kokkos::LayoutStride, M> strided(buffer.data(), Kokkos::LayoutStride(7, 2)),
       gstrided(gbuffer.data(), Kokkos::LayoutStride(7, 2));
-  Run mixed;
+  Run mixed(5, 3, 7);
   std::vector<P> params{mixed.params[0], lather::tensor_ref(strided)}, grads{mixed.grads[0], lather::tensor_ref(gstrided)};
   auto opt_mixed = make(params, true);
   for (int t = 1; t <= 2; ++t) {
@@ -713,7 +681,7 @@ void impl_test_screen_order() {
   }
 
   // SGD: no buffer without momentum; momentum turned on allocates one on the next step.
-  Run sgd_run;
+  Run sgd_run(5, 3, 7);
   lather::SGD<P, ExecSpace> sgd(sgd_run.params, {.lr = 0.1});
   sgd.set_portable_kernels(true);
   const std::string sgd_read = "region lather::SGD::read_screen", sgd_update = "kernel lather::SGD::step";

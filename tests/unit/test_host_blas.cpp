@@ -683,6 +683,16 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
     CHECK(heap_allocations([&] { shampoo.step(space, grads); }) == 0);  // step 5: steady
     CHECK(heap_allocations([&] { shampoo.step(space, grads); }) == 0);  // step 6: roots recomputed
     CHECK(shampoo.state_dict().tensors.size() > 0);  // (state still readable after the counted steps)
+    // The batched passes (the device path): a steady step is queued behind the NaN/Inf count and
+    // reads the counts at the end (gated); a root step reads them first.
+    lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting> batched(
+        std::span<lather::TensorRef<float, Space>>(params), o, {}, lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
+    batched.set_batched_passes(true);
+    for (int t = 1; t <= 4; ++t) batched.step(space, grads);
+    CHECK(heap_allocations([&] { batched.step(space, grads); }) == 0);  // step 5: steady, gated
+    CHECK_FALSE(batched.last_step_info().amortized);
+    CHECK(heap_allocations([&] { batched.step(space, grads); }) == 0);  // step 6: roots recomputed
+    CHECK(batched.last_step_info().amortized);
 
     // Roots by coupled Newton (AutoRootInverse with Newton at every size, the device default).
     // Epsilon above the float rounding of these rank-13 factors (about 1e-5 of their norm), so

@@ -168,6 +168,15 @@ void impl_test_policies() {
             p, o);
       },
       "Shampoo (Adam grafting)");
+  // The batched passes (the device path): step 3 is a steady step, queued behind the count and
+  // gated on it (Shampoo::step), so what the policy refuses must be skipped on the device.
+  check_policies<T, ExecSpace>(
+      [&](std::vector<P>& p) {
+        lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<T>> s(p, o);
+        s.set_batched_passes(true);
+        return s;
+      },
+      "Shampoo (Adam grafting), batched passes");
   check_policies<T, ExecSpace>(
       [&](std::vector<P>& p) {
         return lather::Shampoo<P, ExecSpace, lather::SOAP, lather::NoGrafting, lather::ShampooPrecision<T>>(p, o);

@@ -18,9 +18,13 @@
 #include <doctest/doctest.h>
 
 #include "exec_spaces.hpp"
+#include "launch_events.hpp"
 #include "test_utils.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <limits>
 #include <vector>
@@ -1210,6 +1214,75 @@ void impl_test_ranks() {
   for (double v : lather::test::to_host(params[1])) CHECK(std::isfinite(v));
 }
 
+// The batched passes' steady steps queue the whole step behind the NaN/Inf count and read the
+// counts once, after the update is queued ("region ...::read_screen", a wait on a device, after
+// "kernel ...::batched_apply"), the grafting-only steps before the first root step too; root
+// steps read first, before the gather. The bits are those of
+// a second optimizer stepping the same gradients unobserved, and of the same run through the
+// per-parameter kernels to the tolerance of impl_test_batched_passes (the products' order).
+template <class T, class ExecSpace>
+void impl_test_batched_screen_order() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  using S = lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<T>>;
+  const std::string read = "region lather::Shampoo::read_screen", gather = "kernel lather::Shampoo::batched_gather",
+                    apply = "kernel lather::Shampoo::batched_apply";
+  const lather::ShampooOptions o{.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 4,
+                                 .precondition_frequency = 3, .momentum = 0.5};
+  using Run = lather::test::ScreenModel<T, M>;
+  Run observed(6, 5, 5), quiet(6, 5, 5), per_parameter(6, 5, 5);
+  S opt(observed.params, o), opt_quiet(quiet.params, o), opt_per_parameter(per_parameter.params, o);
+  opt.set_batched_passes(true);
+  opt_quiet.set_batched_passes(true);
+  opt_per_parameter.set_batched_passes(false);
+  for (int t = 1; t <= 6; ++t) {
+    CAPTURE(t);
+    const bool root_step = t % 3 == 0;  // from the start step (precondition_frequency), every third
+    observed.set_grads(t);
+    quiet.set_grads(t);
+    per_parameter.set_grads(t);
+    const auto e = lather::test::events_of([&] { opt.step(ExecSpace(), observed.grads); });
+    REQUIRE(lather::test::position(e, read) >= 0);
+    REQUIRE(lather::test::position(e, gather) >= 0);
+    REQUIRE(lather::test::position(e, apply) >= 0);
+    CHECK(std::count(e.begin(), e.end(), read) == 1);
+    CHECK(opt.last_step_info().amortized == root_step);
+    if (root_step) CHECK(lather::test::position(e, read) < lather::test::position(e, gather));
+    else CHECK(lather::test::position(e, apply) < lather::test::position(e, read));
+    opt_quiet.step(ExecSpace(), quiet.grads);
+    opt_per_parameter.step(ExecSpace(), per_parameter.grads);
+    for (std::size_t i = 0; i < 2; ++i) {
+      CHECK(lather::test::to_host(observed.params[i]) == lather::test::to_host(quiet.params[i]));
+      const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+      lather::test::all_close(lather::test::to_host(observed.params[i]), lather::test::to_host(per_parameter.params[i]),
+                              tol, tol, "gated batched against per-parameter");
+    }
+  }
+  CHECK(opt.state_dict() == opt_quiet.state_dict());
+
+  // A steady step with a gradient of +Inf, -Inf and zeros, skipped: gated, nothing changes, and
+  // nothing computes with that gradient (the gather is gated too; products of it would make
+  // Inf * 0 and Inf - Inf, which the harness's FE_INVALID trap stops on).
+  observed.set_grads(7);
+  {
+    auto h = lather::test::to_host(observed.grads[0]);
+    for (std::size_t k = 0; k < h.size(); ++k) h[k] = k % 3 == 0 ? 0.0 : h[k];
+    h[1] = std::numeric_limits<double>::infinity();
+    h[2] = -std::numeric_limits<double>::infinity();
+    lather::test::from_host(observed.grads[0], h);
+  }
+  const auto before = opt.state_dict();
+  const auto w_before = lather::test::to_host(observed.params[0]), b_before = lather::test::to_host(observed.params[1]);
+  opt.set_nonfinite_policy(lather::NonFinitePolicy::skip_step);
+  const auto e = lather::test::events_of([&] { opt.step(ExecSpace(), observed.grads); });
+  CHECK(lather::test::position(e, apply) < lather::test::position(e, read));  // step 7: steady, gated
+  CHECK(opt.skipped_steps() == 1);
+  CHECK(opt.nonfinite_skips(0) == 1);
+  CHECK(opt.state_dict() == before);
+  CHECK(lather::test::to_host(observed.params[0]) == w_before);
+  CHECK(lather::test::to_host(observed.params[1]) == b_before);
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo: parameters of rank 0 to 5 and zero size", ExecSpace, shampoo_ranks) {
@@ -1284,6 +1357,13 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: batched passes agree with the per-parameter 
   impl_test_batched_refused<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_batched, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: batched steady steps queue the update before the screen is read", ExecSpace,
+                          shampoo_batched_screen_order) {
+  impl_test_batched_screen_order<double, ExecSpace>();
+  impl_test_batched_screen_order<float, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_batched_screen_order, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo: layouts, blocking, momentum", ExecSpace, shampoo_layouts) {
   impl_test_layouts_and_blocking<ExecSpace>();

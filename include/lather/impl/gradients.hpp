@@ -242,7 +242,7 @@ class GradientIntake {
   // The counts of every present gradient in m_counts_host; `with_kernels` counts with the kernels
   // devices run also on host spaces.
   void count_nonfinite(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params,
-                       bool with_kernels) {
+                       [[maybe_unused]] bool with_kernels) {  // unused where there is no host chunk loop
 #ifdef LATHER_HAS_HOST_CHUNKS
     if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible &&
                   Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {

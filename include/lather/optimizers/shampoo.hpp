@@ -397,12 +397,22 @@ class Shampoo {
     if (exchanges()) agree_on_presence(space, g);  // before anything else that could differ
     // Always checked: a NaN/Inf gradient would poison the factor matrices for good. In DDP and
     // HSDP the counts are summed over the group first, so every rank takes the same decision.
-    std::function<void(std::vector<std::int64_t>&)> combine;
-    if (exchanges()) combine = [&](std::vector<std::int64_t>& counts) { sum_over_group(space, counts); };
-    if (m_intake.screen(space, g, params, describe_param, "Skip this batch, lower the learning rate or clip gradients",
-                        m_nonfinite_policy, combine)) {
-      Kokkos::Profiling::popRegion();
-      return;  // NonFinitePolicy::skip_step: nothing changes, step counters included
+    // Gated (queues_screen: a steady step of the batched passes): the count is queued, the
+    // step's state-changing jobs behind it skip on the device what the counts refuse, and the
+    // host reads the counts once, after queueing the step; otherwise the screen waits for its
+    // counts before anything is queued.
+    static constexpr const char* hint = "Skip this batch, lower the learning rate or clip gradients";
+    m_intake.set_count_with_kernels(m_batched);  // the batched passes are the device path, on any space
+    m_gated = queues_screen(g);
+    if (m_gated) {
+      m_intake.queue_count(space, g, params);
+    } else {
+      std::function<void(std::vector<std::int64_t>&)> combine;
+      if (exchanges()) combine = [&](std::vector<std::int64_t>& counts) { sum_over_group(space, counts); };
+      if (m_intake.screen(space, g, params, describe_param, hint, m_nonfinite_policy, combine)) {
+        Kokkos::Profiling::popRegion();
+        return;  // NonFinitePolicy::skip_step: nothing changes, step counters included
+      }
     }
     const auto& pieces = piece_gradients(g);
 
@@ -416,18 +426,43 @@ class Shampoo {
       if (grp.options.iterate_averaging == IterateAveraging::schedule_free)
         grp.lr_sum += std::pow(grp.options.lr, grp.options.eval_coeff_lr_power);
     }
+    const impl::ShampooStepInfo info_before = m_info;
     m_info = {};
     const std::int64_t uploads_before = batched_upload_count();
-    try {
-      run_step(space, pieces);
-      m_info.batched_uploads = batched_upload_count() - uploads_before;
-    } catch (...) {
+    const auto put_back_counters = [&] {
       for (std::size_t k = 0; k < m_groups.size(); ++k) {
         m_groups[k].step -= 1;
         m_groups[k].lr_sum = lr_sums[k];
       }
+    };
+    try {
+      run_step(space, pieces);
+      m_info.batched_uploads = batched_upload_count() - uploads_before;
+    } catch (...) {
+      put_back_counters();
+      m_gated = false;
       Kokkos::Profiling::popRegion();
       throw;
+    }
+    if (m_gated) {
+      m_gated = false;
+      m_intake.read_counts(space);
+      if (m_intake.any_counted()) {
+        // The gated jobs changed nothing the policy refuses on the device. raise and skip_step
+        // change nothing at all: the host's step counters and step info are put back too.
+        // skip_parameter: the skipped parameters' jobs did not run, as for a parameter without
+        // a gradient (the step counters advance for those as well).
+        if (m_nonfinite_policy != NonFinitePolicy::skip_parameter) {
+          put_back_counters();
+          m_info = info_before;
+        }
+        Kokkos::Profiling::popRegion();
+        m_intake.judge(g, describe_param, hint, m_nonfinite_policy);  // raise throws here
+        m_info.grafted = false;  // skip_parameter: as if the skipped parameters had no gradient
+        for (std::size_t i = 0; i < m_params.size(); ++i)
+          m_info.grafted = m_info.grafted || (computes(i, g) && uses_graft(m_params[i].group));
+        return;
+      }
     }
     Kokkos::Profiling::popRegion();
   }
@@ -461,6 +496,8 @@ class Shampoo {
   /// spaces where batched_passes_possible(); off on host spaces, whose fused host blocks are
   /// faster there (switching it on runs the device path on the host, for tests and comparisons).
   /// The results agree with the per-parameter kernels up to the products' summation order.
+  /// Steady steps do not wait for the NaN/Inf screen: their state-changing jobs are gated on its
+  /// device counts and the counts are read once, at the end (docs/reliability.md).
   /// Memory: two work buffers of all parameters' elements in the parameters' type, and a pool
   /// for Gram matrices and unpacked inverse factors of `pool_elements` (16 Mi by default; at least
   /// the largest factor, at most all factors; a smaller pool runs the queued combines and
@@ -3091,6 +3128,37 @@ class Shampoo {
     bool in_place;
   };
 
+  // Whether this step's screen can be gated (see step()): a steady step of the batched passes
+  // on one process. Every state-changing job of such a step is a table entry that can carry a
+  // gate (the factors' combine, the filter with the grafting state, the update with the
+  // momentum); the products, unfolds, unpacks and norms write scratch only. The gather is gated
+  // too, so nothing computes with a refused gradient (the scratch keeps finite values of earlier
+  // steps: no NaN-producing operation, which a host trapping FE_INVALID would stop on). Root steps wait
+  // first: their computations are not gated (and an eigendecomposition reads the factors on the
+  // host anyway). `g` before the screen: a step is steady here if no parameter with a gradient
+  // recomputes on the coming step (the counters are advanced for the question and put back).
+  bool queues_screen(const std::vector<TensorRef<const value_type, memory_space>>& g) {
+    if constexpr (!batched_kind) {
+      return false;
+    } else {
+      if (!batched_now() || exchanges() || sharded() || g.size() != m_params.size()) return false;
+      for (auto& grp : m_groups) grp.step += 1;
+      bool amortized = false;
+      for (std::size_t i = 0; i < m_params.size() && !amortized; ++i)
+        amortized = computes(i, g) && local_blocks_amortized(i);
+      for (auto& grp : m_groups) grp.step -= 1;
+      return !amortized;
+    }
+  }
+  // The device counter piece i's state-changing batched jobs read. Set on every batched step,
+  // gated or not: the batched passes count with the kernels (step()), so a step that waited for
+  // its screen finds zero there for every parameter it runs, and the tables stay the same bytes
+  // from a root step to a steady one (a gate set only on gated steps re-uploaded them at each
+  // change).
+  const std::int64_t* gate_of(std::size_t i) const {
+    return m_batched ? m_intake.gate(m_params[i].user, m_nonfinite_policy) : nullptr;
+  }
+
   bool batched_now() const {
     if constexpr (!batched_kind) {
       return false;
@@ -3302,7 +3370,7 @@ class Shampoo {
                                                             value_type(l2 ? o.weight_decay : 0.0)};
       for (std::size_t b = 0; b < p.blocks.size(); ++b)
         m_tab_gather.add(block_mapped(gather, p.blocks[b], static_cast<std::size_t>(m_batch_first_block[i]) + b),
-                         numel_of(p.blocks[b].extent));
+                         numel_of(p.blocks[b].extent), gate_of(i));
       if (!amortize) continue;
       for (std::size_t b = 0; b < p.blocks.size(); ++b) {
         if (!block_amortized(p.group, p.blocks[b].ordinal)) continue;
@@ -3345,7 +3413,7 @@ class Shampoo {
           const auto [outer, d, inner] = unfold(blk.extent, k);
           value_type* const x = m_batch_grad.data() + m_batch_offset[i] + blk.begin;
           if (outer * inner == 1) {  // a one-dimensional block: x x^T formed in the combine
-            m_tab_combine.add({nullptr, x, f.factor_storage(), fb, fw, beta2 != 1.0}, d * d);
+            m_tab_combine.add({nullptr, x, f.factor_storage(), fb, fw, beta2 != 1.0}, d * d, gate_of(i));
             continue;
           }
           if (m_batch_pool_used + d * d > static_cast<std::int64_t>(m_batch_pool.extent(0))) flush_combines(space);
@@ -3356,7 +3424,7 @@ class Shampoo {
                        blas_matrix(gram, d, d));
           else
             queue_gram(outer == 1, blas_matrix(x, outer == 1 ? inner : d, outer == 1 ? d : outer), blas_matrix(gram, d, d));
-          m_tab_combine.add({gram, nullptr, f.factor_storage(), fb, fw, beta2 != 1.0}, d * d);
+          m_tab_combine.add({gram, nullptr, f.factor_storage(), fb, fw, beta2 != 1.0}, d * d, gate_of(i));
         }
       }
       // This round's Gram products, before the next round's unfolds overwrite what they read
@@ -3431,7 +3499,7 @@ class Shampoo {
       filter.out = work + m_batch_offset[i];
       filter.bias_correction1 = value_type(1);
       filter.graft.bias_correction = value_type(1);
-      m_tab_filter.add({filter, values + i}, p.local_numel);
+      m_tab_filter.add({filter, values + i}, p.local_numel, gate_of(i));
       if (!Grafting::enabled || sc.graft_now) continue;
       GraftScalars<value_type> graft = sc.graft;
       graft.bias_correction = value_type(1);
@@ -3534,7 +3602,7 @@ class Shampoo {
       const impl::kernels::StepUpdate<value_type, memory_space> stepped{update, values + i};
       for (std::size_t b = 0; b < p.blocks.size(); ++b)
         m_tab_apply.add(block_mapped(stepped, p.blocks[b], static_cast<std::size_t>(m_batch_first_block[i]) + b),
-                        numel_of(p.blocks[b].extent));
+                        numel_of(p.blocks[b].extent), gate_of(i));
     }
     batch_launch(m_tab_apply, LATHER_LABEL("lather::Shampoo::batched_apply"), space);
   }
@@ -4065,6 +4133,7 @@ class Shampoo {
   template <class Job>
   using chunked_table = impl::kernels::ChunkedTeamTable<ExecSpace, memory_space, Job>;
   bool m_batched = false;
+  bool m_gated = false;  // this step's state-changing batched jobs are gated on the NaN/Inf counts
   vector_type m_batch_grad, m_batch_work, m_batch_pool;  // all parameters' blocked gradient and direction
   Kokkos::View<double*, memory_space> m_batch_norms;     // per block: ||graft(Gbar)||^2, ||P||^2
   Kokkos::View<double*, memory_space> m_batch_partials;  // per chunk of every block: a norm's partial sum
