@@ -8,6 +8,7 @@
 
 #include <lather/concepts/tensor.hpp>
 #include <lather/error.hpp>
+#include <lather/impl/backends/device_event.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/kernels/host_chunks.hpp>
 #include <lather/impl/kernels/multi_tensor.hpp>
@@ -23,6 +24,7 @@
 #include <ranges>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -65,10 +67,18 @@ class GradientIntake {
         m_check_label("lather::" + m_optimizer + "::check_finite"),
         m_read_label("lather::" + m_optimizer + "::read_screen"),
         m_counts("lather::" + m_optimizer + "::nonfinite_counts", num_params + 1),
-        m_counts_host(Kokkos::create_mirror_view(m_counts)),
+        m_counts_host(make_counts_host(m_counts)),
         m_skips(num_params, 0) {
     m_count_jobs.reserve(num_params);
+    m_counts_ready.create();
   }
+  GradientIntake(const GradientIntake&) = delete;
+  GradientIntake& operator=(const GradientIntake&) = delete;
+  GradientIntake(GradientIntake&&) noexcept = default;
+  GradientIntake& operator=(GradientIntake&&) noexcept = default;
+  // A step that threw between queue_count() and read_counts() may leave the counts' copy in
+  // flight (CUDA, HIP): it finishes before the pinned counts are freed.
+  ~GradientIntake() { m_counts_ready.release(); }
 
   /// A gradient without data stands for torch's `grad is None` (a zero-size parameter needs none).
   static bool has_gradient(const grad_ref& g, const param_ref& p) { return g.data() != nullptr || p.size() == 0; }
@@ -138,19 +148,32 @@ class GradientIntake {
   /// (a round trip of tens of microseconds against AdamW's 0.22 ms step on gpt2-block on an H100,
   /// docs/performance.md). Gated, the step's kernels are queued behind the count without a wait
   /// and the host waits once, at the end.
+  ///
+  /// On CUDA and HIP the counts' copy back is queued here too, into pinned host memory, behind a
+  /// runtime event (backends/device_event.hpp): read_counts() then waits for the counts only, and
+  /// step() returns while the device still runs the kernels queued after them.
   void queue_count(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params) {
     count_kernels(space, g, params);
+    if constexpr (DeviceEvent<ExecSpace>::is_event) {
+      Kokkos::deep_copy(space, m_counts_host, m_counts);  // pinned: queued, no wait
+      m_counts_ready.record(space);
+    }
   }
   /// The device counter parameter i's kernels read: its own count when only it is skipped
   /// (NonFinitePolicy::skip_parameter), the total otherwise (raise and skip_step change nothing).
   [[nodiscard]] const std::int64_t* gate(std::size_t i, NonFinitePolicy policy) const {
     return m_counts.data() + (policy == NonFinitePolicy::skip_parameter ? i : m_counts.extent(0) - 1);
   }
-  /// Copies the counts queued by queue_count() back and waits for them (one fence of `space`).
+  /// Waits for the counts queued by queue_count(): on CUDA and HIP for their copy back only (an
+  /// event), elsewhere copies them back and fences `space`.
   void read_counts(const ExecSpace& space) {
     Kokkos::Profiling::pushRegion(m_read_label);
-    Kokkos::deep_copy(space, m_counts_host, m_counts);
-    space.fence();
+    if constexpr (DeviceEvent<ExecSpace>::is_event) {
+      m_counts_ready.wait(space);
+    } else {
+      Kokkos::deep_copy(space, m_counts_host, m_counts);
+      space.fence();
+    }
     Kokkos::Profiling::popRegion();
   }
   /// NaN/Inf values counted in parameter i's gradient (after read_counts() or screen()).
@@ -269,7 +292,7 @@ class GradientIntake {
       }
     }
 #endif
-    count_kernels(space, g, params);
+    queue_count(space, g, params);
     read_counts(space);
   }
 
@@ -298,9 +321,22 @@ class GradientIntake {
   std::vector<std::int64_t> m_combined;
   kernels::HostChunkTable m_chunks;  // host spaces: the gradients' chunks (storage reused)
   kernels::MultiTensorTable<ExecSpace, MemorySpace, kernels::CountNonFinite<T, MemorySpace>> m_count_jobs;  // elsewhere
-  Kokkos::View<std::int64_t*, MemorySpace> m_counts;
-  // `auto`-typed mirror: View::HostMirror is deprecated in Kokkos 5.
-  decltype(Kokkos::create_mirror_view(std::declval<Kokkos::View<std::int64_t*, MemorySpace>>())) m_counts_host;
+  // The counts' host copy: pinned where the copy back is queued behind an event (CUDA, HIP),
+  // else a mirror (the counts themselves where the memory is the host's).
+  using counts_view = Kokkos::View<std::int64_t*, MemorySpace>;
+  using counts_host_view =
+      std::conditional_t<DeviceEvent<ExecSpace>::is_event, Kokkos::View<std::int64_t*, pinned_host_space_t<ExecSpace>>,
+                         decltype(Kokkos::create_mirror_view(std::declval<counts_view>()))>;  // `auto`-typed: View::HostMirror is deprecated in Kokkos 5
+  static counts_host_view make_counts_host(const counts_view& counts) {
+    if constexpr (DeviceEvent<ExecSpace>::is_event) {
+      return counts_host_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, counts.label() + "_host"), counts.extent(0));
+    } else {
+      return Kokkos::create_mirror_view(counts);
+    }
+  }
+  counts_view m_counts;
+  counts_host_view m_counts_host;
+  DeviceEvent<ExecSpace> m_counts_ready;  // after the counts' copy back (queue_count)
   std::vector<std::int64_t> m_skips;
   std::int64_t m_skipped_steps = 0;
   bool m_with_kernels = false;

@@ -41,6 +41,7 @@
 
 #include <lather/error.hpp>
 #include <lather/impl/backends/blas.hpp>
+#include <lather/impl/backends/device_event.hpp>
 #include <lather/impl/label.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -163,6 +164,8 @@ class GemmBatches {
                                 static_cast<std::size_t>(3 * products));
       m_uploaded.assign(static_cast<std::size_t>(3 * products), 0);  // nothing valid on the device yet
     }
+    // Two steps of every pointer array in flight before a copy waits (CUDA, HIP).
+    if constexpr (staged) m_staging.reserve(2 * 3 * static_cast<std::size_t>(products) * sizeof(std::uintptr_t), 8);
   }
   /// The next run() writes its pointer arrays from the start again: a step that queues what the
   /// previous one did finds them in place. Drops what a failed step left queued.
@@ -311,23 +314,21 @@ class GemmBatches {
   }
 
   // Copies held[lo, hi) to the same positions of `table` in the memory space, ordered on `space`.
-  // As impl::kernels::UploadedTable: CUDA has staged pageable bytes when cudaMemcpyAsync returns;
+  // As impl::kernels::UploadedTable: on CUDA and HIP through pinned memory (StagingRing, queued);
   // elsewhere wait, so that later changes to `held` cannot race the copy.
   template <class E>
-  static void upload(const ExecSpace& space, const Kokkos::View<E*, MemorySpace>& table, const std::vector<E>& held,
-                     std::int64_t lo, std::int64_t hi) {
+  void upload(const ExecSpace& space, const Kokkos::View<E*, MemorySpace>& table, const std::vector<E>& held,
+              std::int64_t lo, std::int64_t hi) {
     using host_view = Kokkos::View<const E*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     const host_view src(held.data() + lo, static_cast<std::size_t>(hi - lo));
     const auto dst = Kokkos::subview(table, Kokkos::make_pair(lo, hi));
     if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
       Kokkos::deep_copy(dst, src);
+    } else if constexpr (staged) {
+      m_staging.template copy<MemorySpace>(space, dst.data(), src.data(), static_cast<std::size_t>(hi - lo) * sizeof(E));
     } else {
       Kokkos::deep_copy(space, dst, src);
-#if !defined(KOKKOS_ENABLE_CUDA)
       space.fence();
-#else
-      if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
-#endif
     }
   }
 
@@ -487,6 +488,10 @@ class GemmBatches {
   Kokkos::View<T*, MemorySpace> m_partials;
   Kokkos::View<Reduction*, MemorySpace> m_reduction_jobs;
   std::int64_t m_partial_cursor = 0, m_reduction_cursor = 0, m_reduction_count = 0, m_reduction_uploads = 0;
+  // Device memory filled through pinned staging (CUDA, HIP); a copy of this object gets its own.
+  static constexpr bool staged =
+      DeviceEvent<ExecSpace>::is_event && !std::is_same_v<MemorySpace, Kokkos::HostSpace>;
+  StagingRing<ExecSpace> m_staging;
 };
 
 }  // namespace lather::impl::blas

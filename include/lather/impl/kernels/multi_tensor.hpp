@@ -13,6 +13,7 @@
 #define LATHER_IMPL_KERNELS_MULTI_TENSOR_HPP
 
 #include <lather/error.hpp>
+#include <lather/impl/backends/device_event.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -111,7 +112,9 @@ struct ChunkedTeamBody {
 /// entries with per-step scalars. Why: on CUDA each copy from pageable memory is a driver call
 /// that may wait for the stream, 15-25 of them a steady batched Shampoo step (0.26 ms of
 /// resnet50's fenced step at block size 1024 on an H100, docs/performance-history.md, twenty-third
-/// round), as GemmBatches already does for its pointer arrays. A place is compared with the
+/// round), as GemmBatches already does for its pointer arrays. The copies that remain go through
+/// pinned memory on CUDA and HIP (StagingRing: queued, no wait; HIP fenced each one before);
+/// other devices fence after each. A place is compared with the
 /// host's record of what it holds (`m_held`); host spaces keep a separate buffer too, so a table
 /// skipped wrongly would run stale jobs in the host tests. A step with more launches than
 /// reserve()'s `launches` x `n` entries hold starts over at the first place (correct, but those
@@ -141,7 +144,11 @@ class UploadedTable {
     m_held = Kokkos::View<Entry*, Kokkos::HostSpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::multi_tensor_jobs_held"), capacity);
     m_valid.assign(capacity, 0);  // the new buffer holds nothing yet
     m_cursor = 0;
+    // Two steps of copies of every place in flight before a copy waits for an older one.
+    if constexpr (staged) m_staging.reserve(2 * capacity * sizeof(Entry), 2 * std::max<std::size_t>(launches, 1) + 2);
   }
+  /// Copies that waited for an earlier one's pinned bytes (CUDA and HIP; tests).
+  [[nodiscard]] std::int64_t staging_waits() const noexcept { return m_staging.waits(); }
   [[nodiscard]] std::size_t size() const { return m_count; }
   [[nodiscard]] bool empty() const { return m_count == 0; }
   /// The next launch takes the first place again: a step that fills the tables as the previous
@@ -162,11 +169,10 @@ class UploadedTable {
     ++m_count;
   }
   void reset() { m_count = 0; }
-  /// The filled entries in `MemorySpace`, the changed ones' copy queued on `space`. The copy is
-  /// from pageable host memory (`m_held`, which only a later launch at the same place rewrites):
-  /// CUDA returns once it has staged the bytes; elsewhere the copy is fenced before returning, so
-  /// a refill cannot overwrite bytes still being read. Launches are ordered on one `space`, so a
-  /// place is rewritten only after the kernels that read it.
+  /// The filled entries in `MemorySpace`, the changed ones' copy queued on `space`: on CUDA and
+  /// HIP from pinned memory (StagingRing), elsewhere from `m_held` and fenced, so that a refill
+  /// cannot overwrite bytes still being read. Launches are ordered on one `space`, so a place is
+  /// rewritten only after the kernels that read it.
   Kokkos::View<const Entry*, MemorySpace> upload(const ExecSpace& space) {
     if (m_cursor + m_count > m_device.extent(0)) m_cursor = 0;
     const std::size_t at = m_cursor;
@@ -186,13 +192,11 @@ class UploadedTable {
       constexpr bool same_memory = std::is_same_v<typename decltype(m_device)::memory_space, Kokkos::HostSpace>;
       if constexpr (same_memory) {
         Kokkos::deep_copy(dst, src);  // host: a memcpy, done on return
+      } else if constexpr (staged) {
+        m_staging.template copy<MemorySpace>(space, dst.data(), src.data(), (hi - lo) * sizeof(Entry));
       } else {
         Kokkos::deep_copy(space, dst, src);
-#if !defined(KOKKOS_ENABLE_CUDA)
         space.fence();
-#else
-        if constexpr (!std::is_same_v<ExecSpace, Kokkos::Cuda>) space.fence();
-#endif
       }
       ++m_uploads;
     }
@@ -201,12 +205,16 @@ class UploadedTable {
   }
 
  private:
+  // Device memory filled through pinned staging (CUDA, HIP).
+  static constexpr bool staged =
+      DeviceEvent<ExecSpace>::is_event && !std::is_same_v<MemorySpace, Kokkos::HostSpace>;
   Kokkos::View<Entry*, MemorySpace> m_device;
   Kokkos::View<Entry*, Kokkos::HostSpace> m_host;  // this launch's entries, filled by push()
   Kokkos::View<Entry*, Kokkos::HostSpace> m_held;  // what each place of m_device holds
   std::vector<unsigned char> m_valid;              // whether m_held's place has been written
   std::size_t m_count = 0, m_cursor = 0;
   std::int64_t m_uploads = 0;
+  StagingRing<ExecSpace> m_staging;  // CUDA, HIP: the copies' pinned bytes
 };
 
 /// \brief Values that kernels read through pointers their jobs hold (per-step scalars): add()
