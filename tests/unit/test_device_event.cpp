@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // impl::DeviceEvent and impl::pinned_host_space_t (impl/backends/device_event.hpp), what the
-// NaN/Inf screen's counts are read back with: a copy into pinned host memory queued after a
-// kernel and followed by a record() holds, after wait(), what the device held at that point, not
-// what a kernel queued later wrote; wait() without a record() waits for everything queued; moves
-// keep the recorded point (and the moved-from event destroys nothing twice). On CUDA and HIP this
-// is a runtime event, elsewhere a fence.
+// NaN/Inf screen's counts are read back with: a copy into pinned host memory queued after a kernel
+// (DeviceEvent::copy, the runtime's own asynchronous copy) and followed by a record() holds, after
+// wait(), what the device held at that point, not what a kernel queued later wrote; wait() without
+// a record() waits for everything queued; moves keep the recorded point (and the moved-from event
+// destroys nothing twice). On CUDA and HIP this is a runtime event, elsewhere a fence.
 // impl::StagingRing (the same header), how the batched kernels' tables reach the device on CUDA
 // and HIP without a wait: with an event standing in for the device, a staged copy's bytes are
 // never rewritten before its event was waited for, events are waited for oldest first, and a copy
@@ -58,7 +58,7 @@ void device_event_case() {
   event.create();
   fill(space, data, 7);
   Kokkos::deep_copy(space, first, Kokkos::subview(data, std::pair<std::int64_t, std::int64_t>(n - 1, n)));
-  Kokkos::deep_copy(space, seen, first);
+  lather::impl::DeviceEvent<ExecSpace>::copy(space, seen.data(), first.data(), sizeof(std::int64_t));
   event.record(space);
   fill(space, data, 11);  // queued after the recorded point: the copy must not see it
   fill(space, first, 13);
@@ -71,19 +71,19 @@ void device_event_case() {
 
   // A moved event keeps its recorded point; the moved-from one fences when waited on.
   fill(space, first, 17);
-  Kokkos::deep_copy(space, seen, first);
+  lather::impl::DeviceEvent<ExecSpace>::copy(space, seen.data(), first.data(), sizeof(std::int64_t));
   event.record(space);
   lather::impl::DeviceEvent<ExecSpace> moved(std::move(event));
   moved.wait(space);
   CHECK(seen(0) == 17);
   lather::impl::DeviceEvent<ExecSpace> fresh;  // never recorded: wait() fences the instance
   fill(space, first, 19);
-  Kokkos::deep_copy(space, seen, first);
+  lather::impl::DeviceEvent<ExecSpace>::copy(space, seen.data(), first.data(), sizeof(std::int64_t));
   fresh.wait(space);
   CHECK(seen(0) == 19);
   moved = std::move(fresh);
   fill(space, first, 23);
-  Kokkos::deep_copy(space, seen, first);
+  lather::impl::DeviceEvent<ExecSpace>::copy(space, seen.data(), first.data(), sizeof(std::int64_t));
   moved.wait(space);  // the moved-in event was never recorded: a fence
   CHECK(seen(0) == 23);
 }
@@ -114,6 +114,9 @@ struct FakeEvent {
   }
   void release() noexcept {
     if (tag >= 0) done[static_cast<std::size_t>(tag)] = 1;
+  }
+  static void copy(const Kokkos::DefaultHostExecutionSpace&, void* dst, const void* src, std::size_t n) {
+    std::memcpy(dst, src, n);
   }
 };
 
@@ -161,7 +164,7 @@ TEST_CASE("StagingRing: staged bytes stay until their copy's event is waited for
     const std::size_t before = ring.capacity();
     const std::vector<unsigned char> src = pattern(c, n);
     FakeEvent::next_tag = c;
-    ring.copy<Kokkos::HostSpace>(space_t(), dst.data(), src.data(), n);
+    ring.copy(space_t(), dst.data(), src.data(), n);
     grown += ring.capacity() > before ? 1 : 0;
     delivered = delivered && std::memcmp(dst.data(), src.data(), n) == 0;
     staged.push_back({ring.last_staged(), src});
@@ -202,7 +205,7 @@ TEST_CASE_TEMPLATE_DEFINE("StagingRing: copies through a small ring, each read b
       expected += c * 1000 + k;
     }
     const slot_view& to = slot[static_cast<std::size_t>(c % slots)];
-    ring.template copy<memory_space>(space, to.data(), host.data(), width * sizeof(std::int32_t));
+    ring.copy(space, to.data(), host.data(), width * sizeof(std::int32_t));
     // The host rewrites its source at once; the kernel reads the slot after the copy.
     Kokkos::parallel_for("lather::test::staging_sum", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, 1),
                          SumInto<slot_view, Kokkos::View<std::int64_t*, memory_space>>{to, acc});

@@ -155,7 +155,8 @@ class GradientIntake {
   void queue_count(const ExecSpace& space, const std::vector<grad_ref>& g, const std::vector<param_ref>& params) {
     count_kernels(space, g, params);
     if constexpr (DeviceEvent<ExecSpace>::is_event) {
-      Kokkos::deep_copy(space, m_counts_host, m_counts);  // pinned: queued, no wait
+      // Pinned: queued, no wait (the runtime's copy: see backends/device_event.hpp for why).
+      DeviceEvent<ExecSpace>::copy(space, m_counts_host.data(), m_counts.data(), m_counts.extent(0) * sizeof(std::int64_t));
       m_counts_ready.record(space);
     }
   }

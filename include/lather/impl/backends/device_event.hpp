@@ -16,7 +16,10 @@
 /// "may synchronize with the stream" to stage it, and HIP gives no promise either, so the tables
 /// of the batched kernels fenced after each upload on HIP. From pinned memory a copy is queued
 /// like a kernel; the host then must not rewrite those bytes before the copy has run, which is
-/// what StagingRing keeps track of.
+/// what StagingRing keeps track of. These copies call the runtime (`cudaMemcpyAsync`,
+/// `hipMemcpyAsync` on the instance's stream), not `Kokkos::deep_copy(exec, ...)`: Kokkos 3.4's
+/// HIP backend has no instance overload between HIPSpace and HIPHostPinnedSpace, and its generic
+/// one fences the instance and then synchronizes the default stream.
 #ifndef LATHER_IMPL_BACKENDS_DEVICE_EVENT_HPP
 #define LATHER_IMPL_BACKENDS_DEVICE_EVENT_HPP
 
@@ -51,6 +54,12 @@ class DeviceEvent {
   void create() noexcept {}
   void record(const ExecSpace&) noexcept {}
   void wait(const ExecSpace& space) { space.fence(); }
+  /// Copies n bytes between memories `space` reaches through host pointers (host spaces).
+  static void copy(const ExecSpace&, void* dst, const void* src, std::size_t n) {
+    static_assert(Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible,
+                  "lather: DeviceEvent::copy without a runtime event needs a host execution space");
+    std::memcpy(dst, src, n);
+  }
   /// For destructors: waits for the recorded point without reporting errors (here nothing is
   /// in flight that a host-space owner could free under a copy).
   void release() noexcept {}
@@ -101,6 +110,12 @@ class Event {
     LATHER_THROW_RUNTIME_IF(rc != Api::success, "lather: ", Api::name, "EventRecord failed: ", Api::error_string(rc));
     m_recorded = true;
   }
+  /// Queues a copy of n bytes on the instance's stream (between device memory and pinned host
+  /// memory it does not wait; the host must keep both sides as they are until it has run).
+  static void copy(const ExecSpace& space, void* dst, const void* src, std::size_t n) {
+    const auto rc = Api::copy(dst, src, n, Api::stream(space));
+    LATHER_THROW_RUNTIME_IF(rc != Api::success, "lather: ", Api::name, "MemcpyAsync failed: ", Api::error_string(rc));
+  }
   /// For destructors: waits for the recorded point, if any, ignoring errors (at exit the
   /// runtime may already be gone), so that memory a copy in flight reads or writes can be freed.
   void release() noexcept {
@@ -140,6 +155,9 @@ struct Cuda {
   static cudaError_t record(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
   static cudaError_t synchronize(cudaEvent_t e) { return cudaEventSynchronize(e); }
   static cudaError_t destroy(cudaEvent_t e) { return cudaEventDestroy(e); }
+  static cudaError_t copy(void* dst, const void* src, std::size_t n, cudaStream_t s) {
+    return cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
+  }
   static const char* error_string(cudaError_t rc) { return cudaGetErrorString(rc); }
   static cudaStream_t stream(const Kokkos::Cuda& space) { return space.cuda_stream(); }
 };
@@ -169,6 +187,9 @@ struct Hip {
   static hipError_t record(hipEvent_t e, hipStream_t s) { return hipEventRecord(e, s); }
   static hipError_t synchronize(hipEvent_t e) { return hipEventSynchronize(e); }
   static hipError_t destroy(hipEvent_t e) { return hipEventDestroy(e); }
+  static hipError_t copy(void* dst, const void* src, std::size_t n, hipStream_t s) {
+    return hipMemcpyAsync(dst, src, n, hipMemcpyDefault, s);
+  }
   static const char* error_string(hipError_t rc) { return hipGetErrorString(rc); }
   static hipStream_t stream(const hip_space& space) { return space.hip_stream(); }
 };
@@ -224,9 +245,8 @@ class StagingRing {
     m_front = m_count = m_next = 0;
   }
 
-  /// Queues the copy of `n` bytes from host memory `src` to `dst` in `MemorySpace` on `space`;
-  /// `src` may change as soon as this returns.
-  template <class MemorySpace>
+  /// Queues the copy of `n` bytes from host memory `src` to `dst` (memory `space` reaches) on
+  /// `space`; `src` may change as soon as this returns.
   void copy(const ExecSpace& space, void* dst, const void* src, std::size_t n) {
     if (n == 0) return;
     if (n > m_buffer.extent(0) || m_events.empty())
@@ -234,10 +254,7 @@ class StagingRing {
     const std::size_t at = place(space, n);
     unsigned char* staged = m_buffer.data() + at;
     std::memcpy(staged, src, n);
-    const Kokkos::View<unsigned char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> to(
-        static_cast<unsigned char*>(dst), n);
-    const Kokkos::View<const unsigned char*, staging_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> from(staged, n);
-    Kokkos::deep_copy(space, to, from);
+    Event::copy(space, dst, staged, n);
     const std::size_t slot = (m_front + m_count) % m_segments.size();
     m_segments[slot] = Segment{at, at + n};
     m_events[slot].record(space);

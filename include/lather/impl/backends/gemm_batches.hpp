@@ -325,7 +325,7 @@ class GemmBatches {
     if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
       Kokkos::deep_copy(dst, src);
     } else if constexpr (staged) {
-      m_staging.template copy<MemorySpace>(space, dst.data(), src.data(), static_cast<std::size_t>(hi - lo) * sizeof(E));
+      m_staging.copy(space, dst.data(), src.data(), static_cast<std::size_t>(hi - lo) * sizeof(E));
     } else {
       Kokkos::deep_copy(space, dst, src);
       space.fence();

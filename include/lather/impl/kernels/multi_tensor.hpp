@@ -193,7 +193,7 @@ class UploadedTable {
       if constexpr (same_memory) {
         Kokkos::deep_copy(dst, src);  // host: a memcpy, done on return
       } else if constexpr (staged) {
-        m_staging.template copy<MemorySpace>(space, dst.data(), src.data(), (hi - lo) * sizeof(Entry));
+        m_staging.copy(space, dst.data(), src.data(), (hi - lo) * sizeof(Entry));
       } else {
         Kokkos::deep_copy(space, dst, src);
         space.fence();
