@@ -144,19 +144,28 @@ struct ShampooPrecision {
 };
 
 /// State of one Kronecker factor of one block: the factor and its inverse root, d x d
-/// symmetric, stored in full (row-major) or packed (row-major upper triangle).
+/// symmetric, stored in full (row-major) or packed (row-major upper triangle; `paired`: the two
+/// triangles of one (d + 1) x d buffer, see impl::kernels::SymmetricStorage::tri). Read and
+/// written through factor_storage() and inverse_storage(), which know the layout.
 template <class F, class Finv, class MemorySpace>
 struct ShampooFactorState {
   bool preconditioned = false;
   double root = 0;  ///< the inverse root computed: X = A^(-1/root)
   std::int64_t dim = 0;
   bool packed = false;
+  /// Packed, with the inverse root in `factor`'s buffer: its upper triangle the factor (row 0
+  /// on), its lower triangle from row 1 the inverse root; `inverse_factor` is empty.
+  bool paired = false;
   Kokkos::View<F*, MemorySpace> factor;
   Kokkos::View<Finv*, MemorySpace> inverse_factor;  ///< root-inverse kinds (eigendecomposed: rebuilt from the eigenpairs)
   Kokkos::View<Finv*, MemorySpace> eigenvectors;    ///< eigenbasis kinds: full row-major d x d, column k = eigenvector k
   Kokkos::View<Finv*, MemorySpace> eigenvalues;     ///< eigendecomposed: d, ascending
-  [[nodiscard]] impl::kernels::SymmetricStorage<F> factor_storage() const { return {factor.data(), dim, packed}; }
+  [[nodiscard]] impl::kernels::SymmetricStorage<F> factor_storage() const {
+    return {factor.data(), dim, packed, std::int8_t(paired ? 1 : 0)};
+  }
   [[nodiscard]] impl::kernels::SymmetricStorage<Finv> inverse_storage() const {
+    if constexpr (std::is_same_v<F, Finv>)
+      if (paired) return {factor.data() + dim, dim, true, 2};
     return {inverse_factor.data(), dim, packed};
   }
 };
@@ -718,7 +727,9 @@ class Shampoo {
           if (!f.preconditioned) continue;
           for (const int which : factor_entries()) {
             const std::string name = key + factor_entry_name(which) + std::to_string(k);
-            if (which == 0) d.tensors[name] = view_to_tensor(f.factor, factor_entry_shape(which, f));
+            if (which == 0) d.tensors[name] = symmetric_to_tensor(f.factor, f.factor_storage(), factor_entry_shape(which, f));
+            else if (which == 1) d.tensors[name] = symmetric_to_tensor(inverse_owner(f), f.inverse_storage(),
+                                                                     factor_entry_shape(which, f));
             else d.tensors[name] = view_to_tensor(factor_entry_view(which, f), factor_entry_shape(which, f));
           }
         }
@@ -909,7 +920,8 @@ class Shampoo {
         continue;
       }
       auto& f = blk.factors[pe.k];
-      if (pe.which == 0) tensor_to_storage(*pe.t, f.factor);
+      if (pe.which == 0) tensor_to_symmetric(*pe.t, f.factor, f.factor_storage());
+      else if (pe.which == 1) tensor_to_symmetric(*pe.t, inverse_owner(f), f.inverse_storage());
       else tensor_to_storage(*pe.t, factor_entry_view(pe.which, f));
       if (kind == PreconditionerKind::eigendecomposed && pe.which == 2)
         host_to_symmetric(ExecSpace(), rebuilt[next_rebuilt++], f);
@@ -1188,11 +1200,14 @@ class Shampoo {
           }
           f.dim = static_cast<std::int64_t>(dk);
           f.packed = o.use_symmetric_packing;
+          // Paired where the host BLAS does the block's products on this dimension (not a
+          // vector along it: those take the rank-one update and SPMV on packed storage).
+          f.paired = paired_possible && f.packed && numel_of(blk.extent) > f.dim;
           const auto stored = static_cast<std::size_t>(impl::kernels::SymmetricStorage<factor_type>::size(f.dim, f.packed));
-          f.factor = decltype(f.factor)("lather::Shampoo::factor_matrix", stored);
+          f.factor = decltype(f.factor)("lather::Shampoo::factor_matrix", f.paired ? 2 * stored : stored);
           using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
           if constexpr (kind != PreconditionerKind::eigenvalue_corrected) {
-            f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", stored);
+            if (!f.paired) f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", stored);
             Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::identity"), MD({0, 0}, {f.dim, f.dim}),
                                  impl::kernels::SetIdentity<inverse_factor_type>{f.inverse_storage()});
             p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
@@ -1682,6 +1697,15 @@ class Shampoo {
   // Products of host data on a host space go to the host BLAS (impl/backends/blas.hpp) directly.
   static constexpr bool host_products =
       impl::blas::host_blas_eligible<ExecSpace, blas_matrix_type, blas_matrix_type, blas_matrix_type>;
+  // Whether packed factors can share a buffer with their inverse roots (ShampooFactorState::
+  // paired): host BLAS products of one type (the SYRK's beta and the SYMM read the stored
+  // triangles in place), root-inverse and eigendecomposed kinds (not KL, whose products are the
+  // portable mode products). Device spaces keep the reference's packing: their products are
+  // batched GEMMs of unpacked operands (a full matrix per product either way).
+  static constexpr bool paired_possible =
+      host_products && !kl && std::is_same_v<value_type, factor_type> && std::is_same_v<value_type, inverse_factor_type> &&
+      impl::blas::is_blas_scalar<value_type> &&
+      (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed);
   // A d x d work matrix of the parameters' type (Gram matrices, unpacked inverse factors);
   // allocated once per size at construction.
   blas_matrix_type gram_scratch(std::int64_t d) const {
@@ -1748,7 +1772,7 @@ class Shampoo {
       for (std::size_t k = 0; k < blk.factors.size(); ++k) {
         auto& f = blk.factors[k];
         if (!f.preconditioned) continue;
-        if (amortize && block_amortized(p.group, blk.ordinal)) copy_factor(space, f.factor, p.backup[b][k]);
+        if (amortize && block_amortized(p.group, blk.ordinal)) copy_factor(space, f.factor_storage(), backup_storage(p, b, k));
         value_type* source = m_grad.data() + blk.begin;
         if constexpr (kl) {
           // KL-Shampoo: G~ = G x_(j != k) P_j with the current inverse roots (before this step's
@@ -1772,6 +1796,27 @@ class Shampoo {
         Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::factor_rank_one"),
                              Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, Rows::iterations(d)),
                              Rows{x_data, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0});
+        return;
+      }
+    }
+    if constexpr (paired_possible) {
+      if (f.paired) {
+        // The SYRK into the paired factor in place (as block_factors): L = w X X^T + beta2 L.
+        value_type* x = x_data;
+        bool transpose_first = outer == 1;
+        std::int64_t rows = outer == 1 ? inner : d, k_terms = outer == 1 ? inner : outer;
+        if (outer != 1 && inner != 1) {
+          Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unfold"),
+                               Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, outer * d),
+                               impl::kernels::UnfoldMode<value_type>{x_data, m_unfold.data(), outer, d, inner, false});
+          x = m_unfold.data();
+          transpose_first = true;
+          rows = k_terms = outer * inner;
+        }
+        space.fence();
+        impl::blas::split::syrk_lower<value_type>(&space, transpose_first ? 'T' : 'N', d, k_terms, value_type(weight), x,
+                                                  std::max<std::int64_t>(1, rows), value_type(beta2), f.factor.data(),
+                                                  std::max<std::int64_t>(1, d));
         return;
       }
     }
@@ -1930,10 +1975,16 @@ class Shampoo {
     for (std::size_t k = 0; k < blk.factors.size(); ++k) {
       auto& f = blk.factors[k];
       if (!f.preconditioned) continue;
-      const std::int64_t stored = static_cast<std::int64_t>(f.factor.extent(0));
       if (amortize && block_amortized(p.group, blk.ordinal)) {
-        const impl::kernels::CopyBlock<factor_type> copy{f.factor.data(), p.backup[b][k].data()};
-        for (std::int64_t e = 0; e < stored; ++e) copy(e);
+        const auto backup = backup_storage(p, b, k);
+        if (f.paired) {
+          const impl::kernels::CopyTriangle<factor_type> copy{f.factor_storage().as_const(), backup};
+          for (std::int64_t i = 0; i < f.dim; ++i) copy.row(i);
+        } else {
+          const std::int64_t stored = impl::kernels::SymmetricStorage<factor_type>::size(f.dim, f.packed);
+          const impl::kernels::CopyBlock<factor_type> copy{f.factor.data(), backup.data};
+          for (std::int64_t e = 0; e < stored; ++e) copy(e);
+        }
       }
       const auto [outer, d, inner] = unfold(blk.extent, k);
       // A two-dimensional block's rows are row_stride apart: the leading dimension of both
@@ -1949,21 +2000,28 @@ class Shampoo {
         triangle_rows(split, rank_one, d);
         continue;
       }
+      // A paired factor is the SYRK's C itself: L = w G G^T + beta2 L in place (the BLAS scales
+      // by beta2 first, then adds w times the sum: the combination's rounding), no Gram matrix.
+      // Otherwise into the Gram scratch, then combined.
+      const bool in_place = paired_possible && f.paired;
+      value_type* const c = in_place ? reinterpret_cast<value_type*>(f.factor.data()) : gram_data;
+      const auto alpha = in_place ? value_type(weight) : value_type(1);
+      const auto beta = in_place ? value_type(beta2) : value_type(0);
       if (outer == 1) {
-        impl::blas::split::syrk_lower<value_type>(split, 'T', d, inner, value_type(1), x,
+        impl::blas::split::syrk_lower<value_type>(split, 'T', d, inner, alpha, x,
                                                   strided && k == 0 ? row_stride : std::max<std::int64_t>(1, inner),
-                                                  value_type(0),
-                                                  gram_data, std::max<std::int64_t>(1, d));
+                                                  beta, c, std::max<std::int64_t>(1, d));
       } else if (inner == 1) {
-        impl::blas::split::syrk_lower<value_type>(split, 'N', d, outer, value_type(1), x,
-                                                  strided ? row_stride : std::max<std::int64_t>(1, d), value_type(0),
-                                                  gram_data, std::max<std::int64_t>(1, d));
+        impl::blas::split::syrk_lower<value_type>(split, 'N', d, outer, alpha, x,
+                                                  strided ? row_stride : std::max<std::int64_t>(1, d), beta, c,
+                                                  std::max<std::int64_t>(1, d));
       } else {
         const std::int64_t m = outer * inner;
         const impl::kernels::UnfoldMode<value_type> to_front{x, unfolded, outer, d, inner, false};
         to_front.all();
-        impl::blas::split::syrk_lower<value_type>(split, 'T', d, m, value_type(1), unfolded, m, value_type(0), gram_data, d);
+        impl::blas::split::syrk_lower<value_type>(split, 'T', d, m, alpha, unfolded, m, beta, c, d);
       }
+      if (in_place) continue;
       const impl::kernels::FactorCombineRows<value_type, factor_type> combine{
           gram_data, f.factor_storage(), factor_type(beta2), factor_type(weight), beta2 != 1.0};
       triangle_rows(split, combine, d);
@@ -1981,7 +2039,7 @@ class Shampoo {
       const auto [outer, d, inner] = unfold(blk.extent, k);
       value_type* to = from == x ? y : x;
       if constexpr (std::is_same_v<value_type, inverse_factor_type> && impl::blas::is_blas_scalar<value_type>) {
-        if (f.packed && outer == 1 && inner == 1 && impl::blas::fits_int(d)) {
+        if (f.packed && !f.paired && outer == 1 && inner == 1 && impl::blas::fits_int(d)) {
           // A one-dimensional block: y = P x from the packed storage itself (SPMV; as
           // apply_inverse_factors), no unpacking.
           impl::blas::spmv<value_type>('L', d, value_type(1), f.inverse_factor.data(), from, value_type(0), to);
@@ -1990,17 +2048,22 @@ class Shampoo {
         }
       }
       if (f.packed && impl::blas::fits_int(outer * inner)) {
-        // Packed: one triangle unpacked, then SYMM (as apply_inverse_factors).
-        const impl::kernels::UnpackLower<inverse_factor_type, value_type> lower{{f.inverse_factor.data(), f.dim, true}, pm};
-        triangle_rows(split, lower, d);
+        // Packed: SYMM from the paired triangle in place, else one triangle unpacked first (as
+        // apply_inverse_factors).
+        auto [operand, uplo] = stored_symm_operand(f);
+        if (operand == nullptr) {
+          const impl::kernels::UnpackLower<inverse_factor_type, value_type> lower{f.inverse_storage().as_const(), pm};
+          triangle_rows(split, lower, d);
+          operand = pm;
+        }
         if (outer != 1 && inner != 1) {
           const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
           to_front.all();
-          mode_product_symm(split, outer, d, inner, pm, unfolded, to);
+          mode_product_symm(split, outer, d, inner, operand, unfolded, to, uplo);
           const impl::kernels::UnfoldMode<value_type> back{to, from, outer, d, inner, true};
           back.all();
         } else {
-          mode_product_symm(split, outer, d, inner, pm, from, to);
+          mode_product_symm(split, outer, d, inner, operand, from, to, uplo);
           from = to;
         }
         continue;
@@ -2574,7 +2637,7 @@ class Shampoo {
       const auto [outer, d, inner] = unfold(blk.extent, j);
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::precondition"), Range(space, 0, outer * d * inner),
                            impl::kernels::ModeProduct<value_type, inverse_factor_type>{
-                               from, to, d, inner, {f.inverse_factor.data(), f.dim, f.packed}});
+                               from, to, d, inner, f.inverse_storage().as_const()});
       from = to;
     }
     return from;
@@ -2600,12 +2663,24 @@ class Shampoo {
 
   // to = from for a factor and its backup: a kernel, not Kokkos::deep_copy, whose parallel host
   // copy in Kokkos 3.4 builds a label string on every call (a heap allocation in each root step).
-  static void copy_factor(const ExecSpace& space, const Kokkos::View<factor_type*, memory_space>& from,
-                          const Kokkos::View<factor_type*, memory_space>& to) {
-    Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::copy_factor"),
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
-                             space, 0, static_cast<std::int64_t>(from.extent(0))),
-                         impl::kernels::CopyBlock<factor_type>{from.data(), to.data()});
+  // Backups are packed as the reference packs (d (d + 1) / 2 numbers) or full, whatever the
+  // factor's storage; a paired factor's triangle is copied element by element (root steps only).
+  static void copy_factor(const ExecSpace& space, const impl::kernels::SymmetricStorage<factor_type>& from,
+                          const impl::kernels::SymmetricStorage<factor_type>& to) {
+    if (from.tri == to.tri) {
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::copy_factor"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                               space, 0, impl::kernels::SymmetricStorage<factor_type>::size(from.d, from.packed)),
+                           impl::kernels::CopyBlock<factor_type>{from.data, to.data});
+    } else {
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::copy_factor"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, from.d * from.d),
+                           impl::kernels::CopyTriangle<factor_type>{from.as_const(), to});
+    }
+  }
+  static impl::kernels::SymmetricStorage<factor_type> backup_storage(const ParamState& p, std::size_t b, std::size_t k) {
+    const auto& f = p.blocks[b].factors[k];
+    return {p.backup[b][k].data(), f.dim, f.packed};
   }
 
   void restore_factors(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
@@ -2615,7 +2690,7 @@ class Shampoo {
       for (std::size_t b = 0; b < p.blocks.size(); ++b)
         if (block_amortized(p.group, p.blocks[b].ordinal))
           for (std::size_t k = 0; k < p.blocks[b].factors.size(); ++k)
-          if (p.blocks[b].factors[k].preconditioned) copy_factor(space, p.backup[b][k], p.blocks[b].factors[k].factor);
+          if (p.blocks[b].factors[k].preconditioned) copy_factor(space, backup_storage(p, b, k), p.blocks[b].factors[k].factor_storage());
     }
     space.fence();
   }
@@ -2650,7 +2725,7 @@ class Shampoo {
                                Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                                    space, {0, 0}, {dk, dk}),
                                impl::kernels::UnpackScaled<factor_type, memory_space>{
-                                   {f.factor.data(), f.dim, f.packed}, a, factor_type(bc2), bias});
+                                   f.factor_storage().as_const(), a, factor_type(bc2), bias});
           std::int64_t bad = 0;
           Kokkos::parallel_reduce(LATHER_LABEL("lather::Shampoo::check_factor"),
                                   Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
@@ -2815,7 +2890,7 @@ class Shampoo {
         t == 0 ? m_scratch.at(static_cast<std::size_t>(d))
                : Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>(m_thread_root[static_cast<std::size_t>(t)].data(),
                                                                                  d, d);
-    const impl::kernels::UnpackScaled<factor_type, memory_space> unpack{{f.factor.data(), f.dim, f.packed}, a,
+    const impl::kernels::UnpackScaled<factor_type, memory_space> unpack{f.factor_storage().as_const(), a,
                                                                         factor_type(bc2), bias};
     const impl::kernels::CountNonFiniteMatrix<factor_type, memory_space> count{a};
     std::int64_t bad = 0;
@@ -2926,6 +3001,14 @@ class Shampoo {
   // A full row-major symmetric matrix into a factor's inverse-factor storage (packed or full).
   static void host_to_symmetric(const ExecSpace& space, const std::vector<inverse_factor_type>& x, const factor_state_type& f) {
     const auto n = f.dim;
+    if (f.paired) {
+      // Host memory (paired_possible): written in place once the space is done with it.
+      space.fence();
+      const auto st = f.inverse_storage();
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t j = i; j < n; ++j) st(i, j) = x[static_cast<std::size_t>(i * n + j)];
+      return;
+    }
     std::vector<inverse_factor_type> stored(static_cast<std::size_t>(impl::kernels::SymmetricStorage<inverse_factor_type>::size(n, f.packed)));
     const impl::kernels::SymmetricStorage<inverse_factor_type> st{stored.data(), n, f.packed};
     for (std::int64_t i = 0; i < n; ++i)
@@ -3377,7 +3460,8 @@ class Shampoo {
         for (std::size_t k = 0; k < p.blocks[b].factors.size(); ++k) {
           const auto& f = p.blocks[b].factors[k];
           if (f.preconditioned)
-            m_tab_backup.add({f.factor.data(), p.backup[b][k].data()}, static_cast<std::int64_t>(f.factor.extent(0)));
+            m_tab_backup.add({f.factor_storage().as_const(), backup_storage(p, b, k)},
+                             f.paired ? f.dim * f.dim : impl::kernels::SymmetricStorage<factor_type>::size(f.dim, f.packed));
         }
       }
     }
@@ -3619,7 +3703,7 @@ class Shampoo {
   };
   static InverseOperand inverse_operand(const factor_state_type& f, value_type* pm, std::int64_t d) {
     if (!f.packed) return {f.inverse_factor.data(), true};
-    const impl::kernels::Unpack<inverse_factor_type, blas_matrix_type> unpack{{f.inverse_factor.data(), f.dim, true},
+    const impl::kernels::Unpack<inverse_factor_type, blas_matrix_type> unpack{f.inverse_storage().as_const(),
                                                                               blas_matrix(pm, d, d)};
     for (std::int64_t i = 0; i < d; ++i)
       for (std::int64_t j = 0; j < d; ++j) unpack(i, j);
@@ -3631,7 +3715,7 @@ class Shampoo {
                          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                              space, {0, 0}, {d, d}),
                          impl::kernels::Unpack<inverse_factor_type, blas_matrix_type>{
-                             {f.inverse_factor.data(), f.dim, f.packed}, pm});
+                             f.inverse_storage().as_const(), pm});
     return pm;
   }
 
@@ -3639,17 +3723,30 @@ class Shampoo {
   // column-major d x d `pm`, in the host BLAS: first dimension Y = X P (column-major view of the
   // row-major block: inner x d), last Y = P X (d x outer), a middle one on the block unfolded to
   // the front (outer * inner x d). Same products as the GEMM forms, reading one triangle.
+  // `uplo` 'U': pm holds the upper triangle instead (a paired inverse factor read in place).
   template <class Where>
   static void mode_product_symm(Where* split, std::int64_t outer, std::int64_t d, std::int64_t inner,
-                                const value_type* pm, const value_type* x, value_type* y) {
+                                const value_type* pm, const value_type* x, value_type* y, char uplo = 'L') {
     if (inner == 1 && outer != 1) {
-      impl::blas::split::symm<value_type>(split, 'L', 'L', d, outer, value_type(1), pm, std::max<std::int64_t>(1, d), x,
+      impl::blas::split::symm<value_type>(split, 'L', uplo, d, outer, value_type(1), pm, std::max<std::int64_t>(1, d), x,
                                           std::max<std::int64_t>(1, d), value_type(0), y, std::max<std::int64_t>(1, d));
     } else {
       const std::int64_t m = outer * inner;
-      impl::blas::split::symm<value_type>(split, 'R', 'L', m, d, value_type(1), pm, std::max<std::int64_t>(1, d), x,
+      impl::blas::split::symm<value_type>(split, 'R', uplo, m, d, value_type(1), pm, std::max<std::int64_t>(1, d), x,
                                           std::max<std::int64_t>(1, m), value_type(0), y, std::max<std::int64_t>(1, m));
     }
+  }
+  // A SYMM operand for f's inverse root where it is stored: the lower triangle of a paired
+  // inverse root (row-major) is the upper triangle of a column-major d x d matrix with leading
+  // dimension d. {nullptr, 'L'} otherwise: the caller unpacks one triangle ('L').
+  struct SymmOperand {
+    const value_type* data;
+    char uplo;
+  };
+  static SymmOperand stored_symm_operand(const factor_state_type& f) {
+    if constexpr (paired_possible)
+      if (f.paired) return {f.inverse_storage().data, 'U'};
+    return {nullptr, 'L'};
   }
 
   // Root-inverse kinds: successive mode products of the block x with the inverse factors,
@@ -3665,7 +3762,7 @@ class Shampoo {
       value_type* to = from == x ? y : x;
       if constexpr (std::is_same_v<value_type, inverse_factor_type>) {
         if constexpr (host_products) {
-          if (f.packed && outer == 1 && inner == 1 && impl::blas::fits_int(d)) {
+          if (f.packed && !f.paired && outer == 1 && inner == 1 && impl::blas::fits_int(d)) {
             // A one-dimensional block: y = P x from the packed storage (SPMV reads the packed
             // matrix once; a SYMM with one row needed it unpacked and then copied it whole), on
             // a single-threaded BLAS as on the block threads (OpenBLAS' threaded SPMV sums
@@ -3677,16 +3774,21 @@ class Shampoo {
             continue;
           }
           if (f.packed && impl::blas::fits_int(outer * inner) && impl::blas::fits_int(d)) {
-            // Packed (symmetric by construction): one triangle unpacked, then SYMM.
+            // Packed (symmetric by construction): SYMM from the paired triangle in place, else one
+            // triangle unpacked first.
             using Lower = impl::kernels::UnpackLower<inverse_factor_type, value_type>;
-            value_type* const pm = gram_scratch(d).data();
-            Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unpack_inverse"), Range(space, 0, Lower::iterations(d)),
-                                 Lower{{f.inverse_factor.data(), f.dim, true}, pm});
+            auto [pm, uplo] = stored_symm_operand(f);
+            if (pm == nullptr) {
+              value_type* const full = gram_scratch(d).data();
+              Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unpack_inverse"), Range(space, 0, Lower::iterations(d)),
+                                   Lower{f.inverse_storage().as_const(), full});
+              pm = full;
+            }
             if (outer != 1 && inner != 1)
               Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unfold"), Range(space, 0, outer * d),
                                    impl::kernels::UnfoldMode<value_type>{from, m_unfold.data(), outer, d, inner, false});
             space.fence();
-            mode_product_symm(&space, outer, d, inner, pm, outer != 1 && inner != 1 ? m_unfold.data() : from, to);
+            mode_product_symm(&space, outer, d, inner, pm, outer != 1 && inner != 1 ? m_unfold.data() : from, to, uplo);
             if (outer != 1 && inner != 1) {
               Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::fold"), Range(space, 0, outer * d),
                                    impl::kernels::UnfoldMode<value_type>{to, from, outer, d, inner, true});
@@ -3723,7 +3825,7 @@ class Shampoo {
       }
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::precondition"), Range(space, 0, outer * d * inner),
                            impl::kernels::ModeProduct<value_type, inverse_factor_type>{
-                               from, to, d, inner, {f.inverse_factor.data(), f.dim, f.packed}});
+                               from, to, d, inner, f.inverse_storage().as_const()});
       from = to;
     }
     return from;
@@ -3913,7 +4015,7 @@ class Shampoo {
     Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unpack"),
                          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                              {0, 0}, {storage.d, storage.d}),
-                         impl::kernels::UnpackScaled<U, memory_space>{{storage.data, storage.d, storage.packed}, full, U(1), false});
+                         impl::kernels::UnpackScaled<U, memory_space>{{storage.data, storage.d, storage.packed, storage.tri}, full, U(1), false});
     ExecSpace().fence();
     return full;
   }
@@ -3962,6 +4064,12 @@ class Shampoo {
     if (which <= 1) return f.packed ? std::vector<std::int64_t>{f.dim * (f.dim + 1) / 2} : std::vector<std::int64_t>{f.dim, f.dim};
     if (which == 2) return {f.dim, f.dim};
     return {f.dim};
+  }
+  // The buffer that holds f's inverse factor (its own, or the factor's when paired).
+  static Kokkos::View<inverse_factor_type*, memory_space> inverse_owner(const factor_state_type& f) {
+    if constexpr (paired_possible)
+      if (f.paired) return f.factor;
+    return f.inverse_factor;
   }
   static const Kokkos::View<inverse_factor_type*, memory_space>& factor_entry_view(int which, const factor_state_type& f) {
     return which == 1 ? f.inverse_factor : which == 2 ? f.eigenvectors : f.eigenvalues;
@@ -4066,6 +4174,40 @@ class Shampoo {
     if constexpr (kl) return m_preconditioner.inner;
     else return m_preconditioner;
   }
+  // A factor or inverse factor (storage `st` in the buffer `owner`) as its state-dict entry: the
+  // reference's layout (packed contiguous rows, or full), whatever the storage's.
+  template <class V, class S>
+  static StateTensor symmetric_to_tensor(const V& owner, const impl::kernels::SymmetricStorage<S>& st,
+                                         std::vector<std::int64_t> shape) {
+    if (!st.packed || st.tri == 0) {
+      const V part(st.data, static_cast<std::size_t>(impl::kernels::SymmetricStorage<S>::size(st.d, st.packed)));
+      return view_to_tensor(part, std::move(shape));
+    }
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), owner);
+    impl::kernels::SymmetricStorage<S> on_host = st;
+    on_host.data = h.data() + (st.data - owner.data());
+    std::vector<std::remove_const_t<S>> v(static_cast<std::size_t>(impl::kernels::SymmetricStorage<S>::size(st.d, true)));
+    const impl::kernels::SymmetricStorage<std::remove_const_t<S>> packed{v.data(), st.d, true};
+    for (std::int64_t i = 0; i < st.d; ++i)
+      for (std::int64_t j = i; j < st.d; ++j) packed(i, j) = on_host(i, j);
+    return StateTensor{std::move(shape), std::move(v)};
+  }
+  // The inverse of symmetric_to_tensor.
+  template <class V, class S>
+  static void tensor_to_symmetric(const StateTensor& t, const V& owner, const impl::kernels::SymmetricStorage<S>& st) {
+    if (!st.packed || st.tri == 0) {
+      tensor_to_storage(t, V(st.data, static_cast<std::size_t>(impl::kernels::SymmetricStorage<S>::size(st.d, st.packed))));
+      return;
+    }
+    const auto& v = std::get<std::vector<S>>(t.values);
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), owner);
+    impl::kernels::SymmetricStorage<S> on_host = st;
+    on_host.data = h.data() + (st.data - owner.data());
+    const impl::kernels::SymmetricStorage<const S> packed{v.data(), st.d, true};
+    for (std::int64_t i = 0; i < st.d; ++i)
+      for (std::int64_t j = i; j < st.d; ++j) on_host(i, j) = packed(i, j);
+    Kokkos::deep_copy(owner, h);
+  }
   template <class V>
   static void tensor_to_storage(const StateTensor& t, const V& storage) {
     using S = typename V::non_const_value_type;
@@ -4146,7 +4288,7 @@ class Shampoo {
   std::vector<BatchedProduct> m_batch_products;
   gemm_batches_type m_gemm_batches;  // the products of the batched passes, run by shape
   multi_table<impl::kernels::BlockMapped<impl::kernels::GatherGradient<value_type, memory_space>>> m_tab_gather;
-  multi_table<impl::kernels::CopyBlock<factor_type>> m_tab_backup;
+  multi_table<impl::kernels::CopyTriangle<factor_type>> m_tab_backup;
   multi_table<impl::kernels::UnfoldMode<value_type>> m_tab_unfold;
   multi_table<impl::kernels::CombineJob<value_type, factor_type>> m_tab_combine;
   multi_table<impl::kernels::StepFilter<value_type, memory_space>> m_tab_filter;

@@ -144,6 +144,14 @@ struct SymmetricStorage {
   F* data = nullptr;
   std::int64_t d = 0;
   bool packed = false;
+  /// Where a packed triangle lies (packed only): 0 contiguous, rows one after the other (the
+  /// reference's packing); 1 the upper triangle of a row-major d x d matrix at `data` (rows d
+  /// apart); 2 the lower triangle of one (rows d apart). A factor and its inverse root of a
+  /// host BLAS block share one (d + 1) x d buffer this way (`paired`, ShampooFactorState): the
+  /// factor's upper triangle at row 0, the inverse's lower triangle at row 1, the same
+  /// d (d + 1) numbers as two packed triangles, each a triangle the BLAS reads and writes in
+  /// place (SYRK into the factor with beta, SYMM from the inverse): no combine or unpack pass.
+  std::int8_t tri = 0;
   KOKKOS_INLINE_FUNCTION std::int64_t index(std::int64_t i, std::int64_t j) const {
     if (!packed) return i * d + j;
     if (i > j) {
@@ -151,9 +159,19 @@ struct SymmetricStorage {
       i = j;
       j = t;
     }
+    if (tri == 1) return i * d + j;
+    if (tri == 2) return j * d + i;
     return i * d - i * (i - 1) / 2 + (j - i);
   }
   KOKKOS_INLINE_FUNCTION F& operator()(std::int64_t i, std::int64_t j) const { return data[index(i, j)]; }
+  /// Row i of the upper triangle, indexed by the column: upper_row(i)[j] = (i, j) for j >= i,
+  /// contiguous (packed with tri 0 or 1 only).
+  KOKKOS_INLINE_FUNCTION F* upper_row(std::int64_t i) const {
+    return tri == 1 ? data + i * d : data + (i * d - i * (i - 1) / 2) - i;
+  }
+  KOKKOS_INLINE_FUNCTION SymmetricStorage<const F> as_const() const { return {data, d, packed, tri}; }
+  /// Whether upper_row applies.
+  KOKKOS_INLINE_FUNCTION bool upper_rows() const { return packed && tri != 2; }
   static constexpr std::int64_t size(std::int64_t d, bool packed) { return packed ? d * (d + 1) / 2 : d * d; }
 };
 
@@ -233,8 +251,9 @@ KOKKOS_INLINE_FUNCTION void combine_factor_row(const SymmetricStorage<F>& factor
   const std::int64_t d = factor.d;
   if (factor.packed) {
     // The scalars as locals and the branch outside the loop: a store through l may alias the
-    // members (a functor's beta2 is an F too), which kept the loop scalar with reloads.
-    F* l = factor.data + (i * d - i * (i - 1) / 2) - i;
+    // members (a functor's beta2 is an F too), which kept the loop scalar with reloads. (A
+    // factor is never stored as a lower triangle: upper_row applies.)
+    F* l = factor.upper_row(i);
     const F b = beta2, w = weight;
     if (scale) {
       for (std::int64_t j = i; j < d; ++j) l[j] = l[j] * b + w * F(entry[j]);
@@ -308,9 +327,13 @@ struct UnpackLower {
   T* out;
   KOKKOS_FUNCTION void row(std::int64_t i) const {
     const std::int64_t d = in.d;
-    const S* x = in.data + (i * d - i * (i - 1) / 2) - i;
     T* y = out + i * d;
-    for (std::int64_t j = i; j < d; ++j) y[j] = T(x[j]);
+    if (in.upper_rows()) {
+      const S* x = in.upper_row(i);
+      for (std::int64_t j = i; j < d; ++j) y[j] = T(x[j]);
+    } else {
+      for (std::int64_t j = i; j < d; ++j) y[j] = T(in(i, j));
+    }
   }
   KOKKOS_FUNCTION void operator()(std::int64_t r) const {
     row(r);
@@ -460,6 +483,30 @@ struct CopyBlock {
   const T* x;
   T* y;
   KOKKOS_FUNCTION void operator()(std::int64_t e) const { y[e] = x[e]; }
+};
+
+/// One symmetric storage into another (a factor and its backup): element e of the stored
+/// numbers where both lay them out alike, else e = i d + j of d x d, elements below the diagonal
+/// of packed storage skipped (the same numbers; see SymmetricStorage::tri).
+template <class T>
+struct CopyTriangle {
+  SymmetricStorage<const T> from;
+  SymmetricStorage<T> to;
+  KOKKOS_FUNCTION void operator()(std::int64_t e) const {
+    if (from.tri == to.tri) {
+      to.data[e] = from.data[e];
+      return;
+    }
+    const std::int64_t i = e / from.d, j = e - i * from.d;
+    if (to.packed && i > j) return;
+    to(i, j) = from(i, j);
+  }
+  /// Row i from the diagonal on, where both storages have contiguous upper rows.
+  void row(std::int64_t i) const {
+    const T* x = from.upper_row(i);
+    T* y = to.upper_row(i);
+    for (std::int64_t j = i; j < from.d; ++j) y[j] = x[j];
+  }
 };
 
 /// Per-element filtering and grafting state, in blocked order:
