@@ -213,6 +213,66 @@ void check_filter() {
   check_filter_form<T, false, false, false, false>();
 }
 
+// The filter loop carrying the grafting norm (host_filter_norm_wide, the fused host path's form
+// where a block's rows are a multiple of the AVX-512 lanes): row by row, the partial sums carried
+// from row to row, against host_filter_wide over the whole block and then host_block_sq_norm
+// over its output and new state (the two passes it replaces). Filter outputs and norm compared
+// bit for bit; host_filter_norm_fusable must say yes exactly where AVX-512 is used and the rows
+// are whole vectors, and no where the test limits the loops to AVX.
+template <class T, bool State, bool Beta1, bool Beta3, bool Bias>
+void check_filter_norm_form() {
+  constexpr std::int64_t lanes = sizeof(T) == 4 ? 16 : 8;
+  for (const std::int64_t row_len : {std::int64_t{8}, std::int64_t{16}, std::int64_t{24}, std::int64_t{48}, std::int64_t{256}}) {
+    for (const std::int64_t rows : {std::int64_t{1}, std::int64_t{2}, std::int64_t{5}}) {
+      const std::int64_t n = rows * row_len;
+      CAPTURE(State);
+      CAPTURE(Beta1);
+      CAPTURE(Beta3);
+      CAPTURE(Bias);
+      CAPTURE(row_len);
+      CAPTURE(rows);
+      const bool fusable = lather::impl::kernels::host_filter_norm_fusable<T>(row_len, n);
+      CHECK(fusable == (use_avx512() && row_len % lanes == 0 && n >= 16));
+      {
+        const ScopedSimdLimit at_most(SimdLimit::avx);
+        CHECK_FALSE(lather::impl::kernels::host_filter_norm_fusable<T>(row_len, n));
+      }
+      if (!fusable) continue;
+      const auto g = spread<T>(n, 210 + static_cast<std::uint64_t>(n), false);
+      const auto f0 = spread<T>(n, 220 + static_cast<std::uint64_t>(n), false);
+      const auto v0 = spread<T>(n, 230 + static_cast<std::uint64_t>(n), true);
+      const lather::impl::kernels::FilterScalars<T> k{T(0.999), T(0.001), T(0.9), T(0.1), T(0.8), T(0.2), T(0.271)};
+      const lather::GraftScalars<T> graft{T(0.999), T(0.001), T(0.3), T(1e-8)};
+      // Two passes: the filter (the wide loop covers whole vectors), then the norm.
+      std::vector<T> f1 = f0, v1 = v0, out1(static_cast<std::size_t>(n), T(-7));
+      CHECK(lather::impl::kernels::host_filter_wide<State, Beta1, Beta3, Bias>(g.data(), f1.data(), v1.data(), out1.data(),
+                                                                               n, k) == n);
+      const double expected = lather::impl::kernels::host_block_sq_norm(out1.data(), v1.data(), n, graft, State);
+      // One pass, row by row.
+      std::vector<T> f2 = f0, v2 = v0, out2(static_cast<std::size_t>(n), T(-7));
+      double s[8] = {};
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t off = r * row_len;
+        CHECK(lather::impl::kernels::host_filter_norm_wide<State, Beta1, Beta3, Bias>(
+                  g.data() + off, f2.data() + off, v2.data() + off, out2.data() + off, row_len, k, graft, s) == row_len);
+      }
+      const double got = lather::impl::kernels::host_sq_norm_of(s);
+      CHECK(std::memcmp(&got, &expected, sizeof(double)) == 0);
+      CHECK(std::memcmp(f1.data(), f2.data(), f1.size() * sizeof(T)) == 0);
+      CHECK(std::memcmp(v1.data(), v2.data(), v1.size() * sizeof(T)) == 0);
+      CHECK(std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(T)) == 0);
+    }
+  }
+}
+
+template <class T>
+void check_filter_norm() {
+  check_filter_norm_form<T, true, true, false, true>();  // Adam grafting, beta1, bias correction (the default)
+  check_filter_norm_form<T, true, true, true, false>();
+  check_filter_norm_form<T, true, false, false, false>();  // beta1 = 0
+  check_filter_norm_form<T, false, true, false, true>();   // SGD grafting: the norm of the filtered gradient
+}
+
 // A chunk job (Adagrad, RMSprop) over [begin, n): whole range, whole range limited to AVX, whole
 // range without AVX-512 or AVX, and one element per call (only the scalar tail runs), on copies
 // of the same arrays.
@@ -330,6 +390,11 @@ TEST_CASE("host SIMD: the grafting norm gives the plain sum's bits with AVX-512,
 TEST_CASE("host SIMD: Shampoo's filter loop gives FilterAndGraft's bits with AVX-512, AVX and SSE2") {
   check_filter<float>();
   check_filter<double>();
+}
+
+TEST_CASE("host SIMD: the filter loop carrying the grafting norm gives the two passes' bits") {
+  check_filter_norm<float>();
+  check_filter_norm<double>();
 }
 
 TEST_CASE("host SIMD: Adam's host loop gives the scalar kernel's bits with AVX-512, AVX and SSE2") {

@@ -385,7 +385,8 @@ void impl_test_vector_blocks(bool packed, bool fused) {
 // threads: products and, at 38400 elements, element passes split over the threads), blocks
 // read from the gradient in place (narrower than the parameter, single rows, single columns, 3-D blocks
 // contiguous in the parameter), 3-D blocks gathered and updated in runs longer than a row (the
-// last dimension whole), and the option
+// last dimension whole), rows of 16 elements (the grafting norm inside the filter loop, gathered
+// and in place), and the option
 // forms of the vectorized loops: momentum with and without Nesterov, L2 / decoupled decay,
 // beta1 = 0, a separate beta3, no bias correction, graft-only steps before
 // start_preconditioning_step, iterate averaging, full (unpacked) factors; Adam, SGD and no
@@ -408,8 +409,14 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
     // At block size 4: blocks (4, 4, 3), (4, 2, 3), (1, 4, 3) and (1, 2, 3), gathered, each row
     // of the first dimension one run of the parameter (the last dimension whole).
     Kokkos::View<T***, Kokkos::LayoutRight, M> m3("m3", 5, 6, 3), gm3("gm3", 5, 6, 3);
-    std::vector<P> params{lather::tensor_ref(w), lather::tensor_ref(c),  lather::tensor_ref(b), lather::tensor_ref(l),
-                          lather::tensor_ref(s), lather::tensor_ref(k3), lather::tensor_ref(m3)};
+    // At block size 4: rows of 16 elements, a multiple of the AVX-512 lanes, so that the grafting
+    // norm rides along the filter loop (host_filter_norm_fusable): blocks (4, 4, 4) and (1, 4, 4)
+    // gathered (q3) and read in place (r3).
+    Kokkos::View<T***, Kokkos::LayoutRight, M> q3("q3", 5, 8, 4), gq3("gq3", 5, 8, 4);
+    Kokkos::View<T***, Kokkos::LayoutRight, M> r3("r3", 5, 4, 4), gr3("gr3", 5, 4, 4);
+    std::vector<P> params{lather::tensor_ref(w),  lather::tensor_ref(c),  lather::tensor_ref(b),
+                          lather::tensor_ref(l),  lather::tensor_ref(s),  lather::tensor_ref(k3),
+                          lather::tensor_ref(m3), lather::tensor_ref(q3), lather::tensor_ref(r3)};
     if (variant == 1 || variant == 7) params.push_back(lather::tensor_ref(big));
     for (std::size_t i = 0; i < params.size(); ++i)
       lather::test::from_host(params[i], lather::test::random_values(static_cast<std::size_t>(params[i].size()), 60 + i));
@@ -426,8 +433,11 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
       lather::test::from_host(lather::tensor_ref(gbig), lather::test::random_values(38400, 1200 + t));
       lather::test::from_host(lather::tensor_ref(gk3), lather::test::random_values(60, 1300 + t));
       lather::test::from_host(lather::tensor_ref(gm3), lather::test::random_values(90, 1400 + t));
-      std::vector<P> grads{lather::tensor_ref(g),  lather::tensor_ref(gc),  lather::tensor_ref(gb), lather::tensor_ref(gl),
-                           lather::tensor_ref(gs), lather::tensor_ref(gk3), lather::tensor_ref(gm3)};
+      lather::test::from_host(lather::tensor_ref(gq3), lather::test::random_values(160, 1500 + t));
+      lather::test::from_host(lather::tensor_ref(gr3), lather::test::random_values(80, 1600 + t));
+      std::vector<P> grads{lather::tensor_ref(g),   lather::tensor_ref(gc),  lather::tensor_ref(gb),
+                           lather::tensor_ref(gl),  lather::tensor_ref(gs),  lather::tensor_ref(gk3),
+                           lather::tensor_ref(gm3), lather::tensor_ref(gq3), lather::tensor_ref(gr3)};
       if (variant == 1 || variant == 7) grads.push_back(lather::tensor_ref(gbig));
       if (t == 3) grads[1] = P();  // no gradient for the 3-D parameter on this step
       opt.step(ExecSpace(), grads);

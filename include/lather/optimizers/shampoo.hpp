@@ -2435,15 +2435,20 @@ class Shampoo {
   // so that the compiler vectorizes them: the functors' per-element option branches and
   // flat-index arithmetic kept these loops scalar (a tenth of a steady gpt2-block step at block
   // size 256 in perf). Other forms run the functors themselves.
+  // `norm`: the grafting norm's 8 partial sums, carried through this row (host_filter_norm_wide;
+  // the caller checked host_filter_norm_fusable), or null.
   template <bool State, bool Beta1, bool Beta3, bool Bias>
   static void filter_loop(const value_type* __restrict g, value_type* __restrict filtered,
                           value_type* __restrict state, value_type* __restrict out, std::int64_t n,
-                          const impl::kernels::FilterAndGraft<value_type, memory_space>& k) {
+                          const impl::kernels::FilterAndGraft<value_type, memory_space>& k, double* norm) {
     const impl::kernels::FilterScalars<value_type> wide{k.graft.beta2,    k.graft.one_minus_beta2, k.beta1,
                                                         k.one_minus_beta1, k.beta3,               k.one_minus_beta3,
                                                         k.bias_correction1};
-    for (std::int64_t q = impl::kernels::host_filter_wide<State, Beta1, Beta3, Bias>(g, filtered, state, out, n, wide); q < n;
-         ++q) {
+    const std::int64_t wide_done =
+        norm != nullptr
+            ? impl::kernels::host_filter_norm_wide<State, Beta1, Beta3, Bias>(g, filtered, state, out, n, wide, k.graft, norm)
+            : impl::kernels::host_filter_wide<State, Beta1, Beta3, Bias>(g, filtered, state, out, n, wide);
+    for (std::int64_t q = wide_done; q < n; ++q) {
       const value_type gq = g[q];
       if constexpr (State) state[q] = impl::kernels::second_moment(state[q], gq, k.graft.beta2, k.graft.one_minus_beta2);
       value_type gbar = gq;
@@ -2459,15 +2464,18 @@ class Shampoo {
   }
   // The vectorized filter loop over rows(fn), which calls fn(g, offset, length) for each run of
   // `length` gradient values at g whose filtered, state and output entries start at `offset`;
-  // false (nothing done) where the functor form must run (graft-only steps).
+  // false (nothing done) where the functor form must run (graft-only steps). `norm`: see
+  // filter_loop (rows in order, in one thread).
   template <class Rows>
-  static bool run_filter_rows(const impl::kernels::FilterAndGraft<value_type, memory_space>& k, const Rows& rows) {
+  static bool run_filter_rows(const impl::kernels::FilterAndGraft<value_type, memory_space>& k, const Rows& rows,
+                              double* norm = nullptr) {
     constexpr bool state = Grafting::has_state;
     if (k.apply_graft || state != k.graft_has_state) return false;
     value_type *const f = k.filtered.data(), *const v = k.graft_state.data(), *const out = k.out.data();
     auto go = [&]<bool Beta1, bool Beta3, bool Bias>() {
       rows([&](const value_type* g, std::int64_t off, std::int64_t len) {
-        filter_loop<state, Beta1, Beta3, Bias>(g, Beta1 ? f + off : nullptr, state ? v + off : nullptr, out + off, len, k);
+        filter_loop<state, Beta1, Beta3, Bias>(g, Beta1 ? f + off : nullptr, state ? v + off : nullptr, out + off, len, k,
+                                               norm);
       });
     };
     if (!k.use_beta1) go.template operator()<false, false, false>();
@@ -2576,17 +2584,26 @@ class Shampoo {
     // vectorized loop always runs in place (in_place excludes graft-only steps).
     const std::int64_t rows = rank >= 2 && blk.extent[0] > 0 ? blk.extent[0] : 1, row_len = n / rows;
     const std::int64_t grad_stride = row_stride > 0 ? row_stride : row_len;
-    const bool by_rows = run_filter_rows(filter, [&](const auto& fn) {
-      rows_in_parts(split, rows, row_len, [&](std::int64_t r0, std::int64_t r1) {
-        for (std::int64_t r = r0; r < r1; ++r) fn(block_grad + r * grad_stride, r * row_len, row_len);
-      });
-    });
+    // The grafting norm rides along the filter where its rows allow host_block_sq_norm's order.
+    double graft_partial[8] = {};
+    const bool norm_in_filter = Grafting::enabled && !sc.graft_now && parts_of(split, rows, row_len) <= 1 &&
+                                impl::kernels::host_filter_norm_fusable<value_type>(row_len, n);
+    const bool by_rows = run_filter_rows(
+        filter,
+        [&](const auto& fn) {
+          rows_in_parts(split, rows, row_len, [&](std::int64_t r0, std::int64_t r1) {
+            for (std::int64_t r = r0; r < r1; ++r) fn(block_grad + r * grad_stride, r * row_len, row_len);
+          });
+        },
+        norm_in_filter ? graft_partial : nullptr);
     if (!by_rows) run_filter(filter, n);
     value_type ratio = value_type(1);  // the grafting scale of the direction x
     if (!sc.graft_now) {
       double graft_sq = 0, direction_sq = 0;
       if constexpr (Grafting::enabled)
-        graft_sq = impl::kernels::host_block_sq_norm(buf.x, graft_state.data(), n, sc.graft, Grafting::has_state);
+        graft_sq = by_rows && norm_in_filter
+                       ? impl::kernels::host_sq_norm_of(graft_partial)
+                       : impl::kernels::host_block_sq_norm(buf.x, graft_state.data(), n, sc.graft, Grafting::has_state);
       block_direction(blk, buf.x, buf.grad, buf.gram, buf.unfolded, split);  // the gradient copy is free now
       if constexpr (Grafting::enabled) {
         direction_sq = impl::kernels::host_block_sq_norm<value_type>(buf.x, nullptr, n, sc.graft, false);

@@ -584,6 +584,9 @@ struct BlockNorms {
   }
 };
 
+/// The squared norm from host_block_sq_norm's 8 partial sums (its final combination).
+inline double host_sq_norm_of(const double* s) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
+
 /// Host: the squared Frobenius norm of graft(x) (of x when `has_state` is false) over n
 /// contiguous elements, as BlockNorms' terms summed in 8 interleaved double partial sums (element
 /// q into partial q % 8, combined pairwise at the end). The fixed order gives the same bits with
@@ -591,6 +594,24 @@ struct BlockNorms {
 /// dependent additions, and GCC's errno-keeping sqrt kept the loop scalar (a fifth of a steady
 /// gpt2-block step at block size 256 in perf).
 #ifdef LATHER_HAS_AVX512_DISPATCH
+/// acc + y^2 in doubles, the elements of y in order into the 8 lanes (a float vector of 16 is
+/// two steps: its first 8 elements, then its last 8).
+template <class T>
+LATHER_AVX512_FN __m512d sq_norm_add_avx512(__m512d acc, typename simd_detail::Avx512<T>::reg y) {
+  using D = simd_detail::Avx512<double>;
+  if constexpr (std::is_same_v<T, float>) {
+    // (zero-masked forms: the unmasked ones, _mm512_castps512_ps256 included, trip GCC 12's
+    // maybe-uninitialized warning)
+    const __m512d lo =
+        _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(y), 0)));
+    const __m512d hi =
+        _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(y), 1)));
+    acc = D::add(acc, D::mul(lo, lo));
+    return D::add(acc, D::mul(hi, hi));
+  } else {
+    return D::add(acc, D::mul(y, y));
+  }
+}
 /// host_block_sq_norm's vector loop with AVX-512 (host_simd.hpp): adds elements [0, returned) to
 /// the 8 partial sums s, element q into s[q % 8] in order (one 8-lane accumulator; a float vector
 /// of 16 is two steps of it).
@@ -605,18 +626,7 @@ LATHER_AVX512_FN std::int64_t host_block_sq_norm_avx512(const T* x, const T* v, 
   for (; q + S::lanes <= n; q += S::lanes) {
     auto y = S::load(x + q);
     if (has_state) y = S::div(y, S::add(S::sqrt(S::div(S::load(v + q), bc)), eps));  // graft_direction's operations
-    if constexpr (std::is_same_v<T, float>) {
-      // (zero-masked forms: the unmasked ones, _mm512_castps512_ps256 included, trip GCC 12's
-      // maybe-uninitialized warning)
-      const __m512d lo =
-          _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(y), 0)));
-      const __m512d hi =
-          _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(y), 1)));
-      acc = D::add(acc, D::mul(lo, lo));
-      acc = D::add(acc, D::mul(hi, hi));
-    } else {
-      acc = D::add(acc, D::mul(y, y));
-    }
+    acc = sq_norm_add_avx512<T>(acc, y);
   }
   D::store(s, acc);
   return q;
@@ -706,7 +716,7 @@ inline double host_block_sq_norm(const T* x, const T* v, std::int64_t n, const G
     const T y = graft_direction(x[q], has_state ? v[q] : T(0), graft, has_state);
     s[q % 8] += double(y) * double(y);
   }
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  return host_sq_norm_of(s);
 }
 
 /// The scalars of the host filter loop (FilterAndGraft's, for the wide loops below).
@@ -722,17 +732,33 @@ struct FilterScalars {
 /// second_moment and ema, rounded alike (host_simd.hpp). Why: the bias correction is a division,
 /// 4 lanes wide in the SSE2 loop (perf: the filter was 2% of a steady gpt2-block step at block
 /// size 256 on a Zen 5, its divisions the hot instructions).
-template <bool State, bool Beta1, bool Beta3, bool Bias, class T>
+///
+/// Norm: also adds graft(out) of every element to the 8 partial sums `s` (the grafting's
+/// second moment as just stored; out itself where !State) exactly as host_block_sq_norm_avx512
+/// would over out and state afterwards, element q into s[q % 8] in order: a caller going over a
+/// block's rows in order, each a multiple of the lanes long, gets that function's bits
+/// (host_filter_norm_fusable). Why: the norm's two divisions and square root per element were a
+/// pass of their own over the block (1.5% of a steady gpt2-block step at block size 256); here
+/// they overlap the filter's wait for its state from memory.
+template <bool State, bool Beta1, bool Beta3, bool Bias, bool Norm = false, class T>
 LATHER_AVX512_FN std::int64_t host_filter_avx512(const T* g, T* filtered, T* state, T* out, std::int64_t n,
-                                                 const FilterScalars<T>& k) {
+                                                 const FilterScalars<T>& k, const GraftScalars<T>* graft = nullptr,
+                                                 double* s = nullptr) {
   using S = simd_detail::Avx512<T>;
+  using D = simd_detail::Avx512<double>;
   const auto beta2 = S::set1(k.beta2), omb2 = S::set1(k.one_minus_beta2), beta1 = S::set1(k.beta1),
              omb1 = S::set1(k.one_minus_beta1), beta3 = S::set1(k.beta3), omb3 = S::set1(k.one_minus_beta3),
              bc1 = S::set1(k.bias_correction1);
+  const auto bc = S::set1(Norm ? graft->bias_correction : T(1)), eps = S::set1(Norm ? graft->epsilon : T(0));
+  D::reg acc = Norm ? D::load(s) : D::set1(0.0);
   std::int64_t q = 0;
   for (; q + S::lanes <= n; q += S::lanes) {
     const auto gq = S::load(g + q);
-    if constexpr (State) S::store(state + q, S::add(S::mul(S::load(state + q), beta2), S::mul(S::mul(omb2, gq), gq)));
+    [[maybe_unused]] typename S::reg v;
+    if constexpr (State) {
+      v = S::add(S::mul(S::load(state + q), beta2), S::mul(S::mul(omb2, gq), gq));
+      S::store(state + q, v);
+    }
     auto gbar = gq;
     if constexpr (Beta1) {
       const auto m_old = S::load(filtered + q);
@@ -742,7 +768,13 @@ LATHER_AVX512_FN std::int64_t host_filter_avx512(const T* g, T* filtered, T* sta
       if constexpr (Bias) gbar = S::div(gbar, bc1);
     }
     S::store(out + q, gbar);
+    if constexpr (Norm) {
+      auto y = gbar;
+      if constexpr (State) y = S::div(y, S::add(S::sqrt(S::div(v, bc)), eps));  // graft_direction's operations
+      acc = sq_norm_add_avx512<T>(acc, y);
+    }
   }
+  if constexpr (Norm) D::store(s, acc);
   return q;
 }
 /// The same with AVX (no FMA, so nothing is contracted).
@@ -786,6 +818,32 @@ inline std::int64_t host_filter_wide(const T* g, T* filtered, T* state, T* out, 
   return 0;
 }
 
+/// Whether a block's filter, run row by row in order with rows of `row_len` of its n elements,
+/// can carry its grafting norm (host_filter_norm_wide, host_block_sq_norm's bits): only with
+/// AVX-512, where host_block_sq_norm's vector loop covers the block, with rows a multiple of the
+/// lanes (no scalar tail inside).
+template <class T>
+inline bool host_filter_norm_fusable(std::int64_t row_len, std::int64_t n) {
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    return n >= 16 && row_len > 0 && row_len % simd_detail::Avx512<T>::lanes == 0 && simd_detail::use_avx512();
+#endif
+  (void)row_len, (void)n;
+  return false;
+}
+/// host_filter_wide with the grafting norm's terms of elements [0, returned) added to the 8
+/// partial sums `s` (host_filter_avx512's Norm form); only where host_filter_norm_fusable said
+/// so, which leaves no tail (the caller's loop would filter one, outside the norm).
+template <bool State, bool Beta1, bool Beta3, bool Bias, class T>
+inline std::int64_t host_filter_norm_wide(const T* g, T* filtered, T* state, T* out, std::int64_t n,
+                                          const FilterScalars<T>& k, const GraftScalars<T>& graft, double* s) {
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    return host_filter_avx512<State, Beta1, Beta3, Bias, true>(g, filtered, state, out, n, k, &graft, s);
+#endif
+  (void)g, (void)filtered, (void)state, (void)out, (void)n, (void)k, (void)graft, (void)s;
+  return 0;
+}
 /// BlockNorms on a host space: one block per iteration with host_block_sq_norm (host functor).
 template <class T, class MemorySpace>
 struct HostBlockNorms : BlockNorms<T, MemorySpace, Kokkos::DefaultHostExecutionSpace> {
