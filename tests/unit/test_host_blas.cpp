@@ -3,7 +3,8 @@
 // transpose combination against a long-double triple loop, SYMM from one triangle, Shampoo's
 // row-wise factor-combine and triangle-unpack kernels against their element-wise forms (bit for
 // bit), the SYRK Gram product and the SYRK
-// form of Q diag(s) Q^T against their definitions, and the allocation rules: after the first
+// form of Q diag(s) Q^T against their definitions, the small SYRK and SYMM shapes lather runs in
+// its own loops (every dimension up to a vector register) against theirs, and the allocation rules: after the first
 // call of a size, a host product and an EigenRootInverse root allocate nothing on the heap (this
 // executable replaces the global operator new to count; host compilers only, as the benchmark).
 //
@@ -212,6 +213,122 @@ TEST_CASE("host BLAS: SYMM reads one triangle and equals the product with the fu
           CHECK(std::fabs(static_cast<ld>(right[static_cast<std::size_t>(j + i * other)]) - r) <= 4e-16L * (d + 2));
         }
     }
+}
+
+namespace {
+// impl::blas::syrk ('N') and symm ('L') where the symmetric dimension fits one vector register:
+// lather's own loops on AVX-512 CPUs (small_products.hpp), the BLAS elsewhere; either way the
+// definition. Every n from 1 to 16 (floats) or 8 (doubles): each is its own instantiation.
+// Tolerance: the file's 4 (k + 2) u (|a| <= 1; k the summed length), and at k = 65536 the chunked
+// sum's own bound (chunk + k / chunk + 2) u sum_l |a_il a_jl|.
+template <class T>
+void check_small_syrk(std::int64_t n, std::int64_t k, std::int64_t lda, char uplo, T alpha, T beta) {
+  namespace blas = lather::impl::blas;
+  const auto av = lather::test::random_values(static_cast<std::size_t>(lda * k), 500 + 31 * n + k);
+  std::vector<T> a(av.begin(), av.end());
+  const auto cv = lather::test::random_values(static_cast<std::size_t>((n + 2) * n), 600 + n);
+  const std::int64_t ldc = n + 2;
+  std::vector<T> c(cv.begin(), cv.end());
+  const bool lower = uplo == 'L';
+  // Where beta is 0 the BLAS does not read C: NaN there must not show. The other triangle and
+  // the rows past n must stay as they were.
+  for (std::int64_t j = 0; j < n; ++j)
+    for (std::int64_t i = 0; i < n; ++i)
+      if (beta == T(0) && (lower ? i >= j : i <= j)) c[static_cast<std::size_t>(i + j * ldc)] = std::numeric_limits<T>::quiet_NaN();
+  const std::vector<T> c0 = c;
+  blas::syrk<T>(uplo, 'N', n, k, alpha, a.data(), lda, beta, c.data(), ldc);
+  const ld u = std::numeric_limits<T>::epsilon();
+  for (std::int64_t j = 0; j < n; ++j)
+    for (std::int64_t i = 0; i < ldc; ++i) {
+      const auto e = static_cast<std::size_t>(i + j * ldc);
+      INFO("n=", n, " k=", k, " lda=", lda, " uplo=", uplo, " (", i, ",", j, ")");
+      if (i >= n || (lower ? i < j : i > j)) {
+        CHECK(std::memcmp(&c[e], &c0[e], sizeof(T)) == 0);
+        continue;
+      }
+      ld s = 0, mag = 0;
+      for (std::int64_t l = 0; l < k; ++l) {
+        const ld t = static_cast<ld>(a[static_cast<std::size_t>(i + l * lda)]) * a[static_cast<std::size_t>(j + l * lda)];
+        s += t;
+        mag += std::fabs(t);
+      }
+      const ld want = static_cast<ld>(alpha) * s + (beta == T(0) ? 0 : static_cast<ld>(beta) * c0[e]);
+      const ld tol = k > 4096 ? (256 + k / 256 + 4) * u * (mag + 1) : 4 * static_cast<ld>(k + 2) * u;
+      CHECK(std::fabs(static_cast<ld>(c[e]) - want) <= tol);
+    }
+}
+
+template <class T>
+void check_small_symm(std::int64_t m, std::int64_t n, char uplo, std::int64_t ldb, std::int64_t ldc, T alpha, T beta) {
+  namespace blas = lather::impl::blas;
+  const bool lower = uplo == 'L';
+  const auto pv = lather::test::random_values(static_cast<std::size_t>(m * m), 700 + m);
+  std::vector<T> p(pv.begin(), pv.end());
+  for (std::int64_t j = 0; j < m; ++j)  // the triangle not read holds NaN
+    for (std::int64_t i = 0; i < m; ++i)
+      if (lower ? i < j : i > j) p[static_cast<std::size_t>(i + j * m)] = std::numeric_limits<T>::quiet_NaN();
+  auto full = [&](std::int64_t i, std::int64_t j) {
+    return static_cast<ld>((lower == (i >= j)) ? p[static_cast<std::size_t>(i + j * m)] : p[static_cast<std::size_t>(j + i * m)]);
+  };
+  const auto bv = lather::test::random_values(static_cast<std::size_t>(ldb * n), 800 + m + n);
+  const std::vector<T> b(bv.begin(), bv.end());
+  const auto cv = lather::test::random_values(static_cast<std::size_t>(ldc * n), 900 + m + n);
+  std::vector<T> c(cv.begin(), cv.end());
+  if (beta == T(0))
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < m; ++i) c[static_cast<std::size_t>(i + j * ldc)] = std::numeric_limits<T>::quiet_NaN();
+  const std::vector<T> c0 = c;
+  blas::symm<T>('L', uplo, m, n, alpha, p.data(), m, b.data(), ldb, beta, c.data(), ldc);
+  const ld u = std::numeric_limits<T>::epsilon();
+  for (std::int64_t j = 0; j < n; ++j)
+    for (std::int64_t i = 0; i < ldc; ++i) {
+      const auto e = static_cast<std::size_t>(i + j * ldc);
+      INFO("m=", m, " n=", n, " uplo=", uplo, " ldb=", ldb, " ldc=", ldc, " (", i, ",", j, ")");
+      if (i >= m) {  // the rows past m are not written
+        CHECK(std::memcmp(&c[e], &c0[e], sizeof(T)) == 0);
+        continue;
+      }
+      ld s = 0;
+      for (std::int64_t l = 0; l < m; ++l) s += full(i, l) * static_cast<ld>(b[static_cast<std::size_t>(l + j * ldb)]);
+      const ld want = static_cast<ld>(alpha) * s + (beta == T(0) ? 0 : static_cast<ld>(beta) * c0[e]);
+      CHECK(std::fabs(static_cast<ld>(c[e]) - want) <= 4 * static_cast<ld>(m + 2) * u);
+    }
+  // lather's loops: columns are independent, so the product of the columns in two parts (as
+  // split::symm makes it on two threads) gives the same bits. (Not the BLAS': OpenBLAS' results
+  // at m = 17 depend on the split, which blas_split.hpp accounts for.)
+  if (n >= 2 && lather::impl::blas::small::takes<T>(m)) {
+    std::vector<T> parts = c0;
+    const std::int64_t half = n / 2;
+    blas::symm<T>('L', uplo, m, half, alpha, p.data(), m, b.data(), ldb, beta, parts.data(), ldc);
+    blas::symm<T>('L', uplo, m, n - half, alpha, p.data(), m, b.data() + half * ldb, ldb, beta, parts.data() + half * ldc, ldc);
+    INFO("m=", m, " n=", n, " uplo=", uplo, " ldb=", ldb, " ldc=", ldc);
+    CHECK(std::memcmp(parts.data(), c.data(), c.size() * sizeof(T)) == 0);
+  }
+}
+
+template <class T>
+void check_small_products() {
+  constexpr std::int64_t top = std::is_same_v<T, float> ? 16 : 8;
+  for (std::int64_t n = 1; n <= top + 1; ++n) {  // top + 1: the BLAS again
+    for (const std::int64_t k : {1, 5, 256, 257, 700})
+      for (const char uplo : {'L', 'U'}) {
+        check_small_syrk<T>(n, k, n, uplo, T(1), T(0));
+        check_small_syrk<T>(n, k, n + 3, uplo, T(0.5), T(-0.75));
+      }
+    for (const std::int64_t cols : {1, 3, 4, 5, 513, 1030})
+      for (const char uplo : {'L', 'U'}) {
+        check_small_symm<T>(n, cols, uplo, n, n, T(1), T(0));
+        check_small_symm<T>(n, cols, uplo, n + 1, n + 2, T(-0.5), T(0.25));
+      }
+  }
+  // A long sum: a (256, 256, 9) block's last dimension.
+  check_small_syrk<T>(9, 65536, 9, 'L', T(1), T(0.999));
+}
+}  // namespace
+
+TEST_CASE("host BLAS: SYRK 'N' and SYMM 'L' with a dimension of one vector register or less equal the definition") {
+  check_small_products<float>();
+  check_small_products<double>();
 }
 
 namespace {

@@ -3,11 +3,13 @@
 // kernels, bit for bit: Shampoo's grafting norm (host_block_sq_norm: 8 partial sums, element q
 // into partial q % 8) and filter loop (host_filter_wide), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each
 // with the wide path taken where the CPU has it, limited to AVX and forced off (the SSE2 / scalar
-// form), at lengths around every vector and tail edge and from unaligned starts; then whole
+// form), at lengths around every vector and tail edge and from unaligned starts; the screen's
+// NaN/Inf count (host_count_nonfinite) against a plain count; then whole
 // Shampoo and AdamW trajectories on every execution space with the wide path on and off. Exact equality is the claim: IEEE division, square root, sums
 // and products are correctly rounded at every width and nothing may be fused into an FMA.
 #include <lather/impl/kernels/adam_simd.hpp>
 #include <lather/impl/kernels/diagonal_host_jobs.hpp>
+#include <lather/impl/kernels/host_chunks.hpp>
 #include <lather/impl/kernels/host_simd.hpp>
 #include <lather/impl/kernels/shampoo.hpp>
 #include <lather/optimizers/adam.hpp>
@@ -23,7 +25,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -405,6 +409,50 @@ TEST_CASE("host SIMD: Adam's host loop gives the scalar kernel's bits with AVX-5
 TEST_CASE("host SIMD: the Adagrad and RMSprop chunk jobs give the scalar loop's bits with AVX-512, AVX and SSE2") {
   check_adagrad_rmsprop<float>();
   check_adagrad_rmsprop<double>();
+}
+
+// The NaN/Inf count of the screen before every step (host_count_nonfinite) with AVX-512 and
+// forced off, against a plain count: NaN, +-Inf, the largest finite values, subnormals and
+// zeros at positions around every vector and step edge, lengths 0 to 49 and up to 4103, from
+// unaligned starts; and counts past a 32-bit lane's worth would need 2^31 steps (not tested).
+template <class T>
+void check_count_nonfinite() {
+  const T specials[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                        -std::numeric_limits<T>::infinity(), std::numeric_limits<T>::max(),
+                        -std::numeric_limits<T>::max(), std::numeric_limits<T>::denorm_min(), T(0), T(-0.0),
+                        std::numeric_limits<T>::signaling_NaN(), -std::numeric_limits<T>::quiet_NaN()};
+  for (const std::int64_t n : lengths())
+    for (const std::int64_t offset : {0, 1, 3}) {
+      std::vector<T> buffer(static_cast<std::size_t>(n + offset));
+      const auto r = lather::test::random_values(buffer.size(), 50 + static_cast<std::uint64_t>(n));
+      for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = T(r[i]);
+      // Specials every 5th element in a pattern that moves with n.
+      for (std::int64_t i = 0; i < n; i += 5)
+        buffer[static_cast<std::size_t>(offset + i)] = specials[static_cast<std::size_t>((i + n) % 10)];
+      const T* x = buffer.data() + offset;
+      // Expected from the bits (all exponent bits set): this binary traps invalid operations, and
+      // a comparison or classification of the signaling NaN would raise one.
+      std::int64_t want = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+        U bits;
+        std::memcpy(&bits, x + i, sizeof bits);
+        const U exponent = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+        want += (bits & exponent) == exponent ? 1 : 0;
+      }
+      INFO("n=", n, " offset=", offset);
+      CHECK(lather::impl::kernels::host_count_nonfinite(x, n) == want);
+      const ScopedBaselineSimd off;
+      CHECK(lather::impl::kernels::host_count_nonfinite(x, n) == want);
+    }
+  // Long: every value non-finite (each lane's sum at its largest for this length).
+  std::vector<T> all(70000, std::numeric_limits<T>::infinity());
+  CHECK(lather::impl::kernels::host_count_nonfinite(all.data(), static_cast<std::int64_t>(all.size())) == 70000);
+}
+
+TEST_CASE("host SIMD: the NaN/Inf count gives the plain count with AVX-512 and SSE2") {
+  check_count_nonfinite<float>();
+  check_count_nonfinite<double>();
 }
 
 // Whole trajectories: a Shampoo with Adam grafting (blocks of 32: full, partial and 1-D blocks;

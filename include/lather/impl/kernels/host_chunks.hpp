@@ -13,6 +13,7 @@
 #ifndef LATHER_IMPL_KERNELS_HOST_CHUNKS_HPP
 #define LATHER_IMPL_KERNELS_HOST_CHUNKS_HPP
 
+#include <lather/impl/kernels/host_simd.hpp>
 #include <lather/impl/math.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -111,15 +112,61 @@ inline constexpr bool host_chunks_apply =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible &&
     Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
 
+#ifdef LATHER_HAS_AVX512_DISPATCH
+/// host_count_nonfinite's vector loop with AVX-512: adds the NaN/Inf values among x[0, returned)
+/// to `count`, 64 bytes a vector, four vectors a step (four independent sums). Why: the SSE2
+/// loop ran at about 2 cycles per 4 floats (33 GB/s in cache and from memory alike, Zen 5), so
+/// the screen before every step cost a steady mlp step at block size 256 on 2 threads 1.7% of
+/// its samples (perf).
+template <class T>
+LATHER_AVX512_FN std::int64_t host_count_nonfinite_avx512(const T* x, std::int64_t n, std::int64_t& count) {
+  constexpr std::int64_t lanes = 64 / static_cast<std::int64_t>(sizeof(T)), step = 4 * lanes;
+  const __m512i exponent = std::is_same_v<T, float> ? _mm512_set1_epi32(0x7f800000)
+                                                    : _mm512_set1_epi64(static_cast<long long>(0x7ff0000000000000ull));
+  // 32-bit lanes count at most 2^31 - 1 each: blocks of fewer steps than that.
+  constexpr std::int64_t max_block = (std::int64_t{1} << 30) * step;
+  std::int64_t q = 0;
+  while (q + step <= n) {
+    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    const std::int64_t stop = std::min(n, q + max_block);
+    for (; q + step <= stop; q += step)
+      for (int v = 0; v < 4; ++v) {
+        const __m512i bits = _mm512_loadu_si512(static_cast<const void*>(x + q + v * lanes));
+        const __m512i e = _mm512_and_si512(bits, exponent);
+        if constexpr (std::is_same_v<T, float>)
+          acc[v] = _mm512_mask_add_epi32(acc[v], _mm512_cmpeq_epi32_mask(e, exponent), acc[v], _mm512_set1_epi32(1));
+        else
+          acc[v] = _mm512_mask_add_epi64(acc[v], _mm512_cmpeq_epi64_mask(e, exponent), acc[v], _mm512_set1_epi64(1));
+      }
+    for (int v = 0; v < 4; ++v) {
+      if constexpr (std::is_same_v<T, float>) {
+        alignas(64) std::uint32_t sums[16];
+        _mm512_store_si512(static_cast<void*>(sums), acc[v]);
+        for (const auto c : sums) count += c;
+      } else {
+        alignas(64) std::uint64_t sums[8];
+        _mm512_store_si512(static_cast<void*>(sums), acc[v]);
+        for (const auto c : sums) count += static_cast<std::int64_t>(c);
+      }
+    }
+  }
+  return q;
+}
+#endif
+
 /// Number of NaN and Inf values among x[0, n) (contiguous). An IEEE value is NaN or Inf exactly
 /// when its exponent bits are all ones; the test on the bits vectorizes (math::isfinite, a libm
 /// classification per element, did not) and no compiler flag (-ffinite-math-only) can fold it away.
+/// AVX-512 where the CPU has it, then SSE2, then one by one (an integer count: the same result).
 template <class T>
 inline std::int64_t host_count_nonfinite(const T* x, std::int64_t n) {
   std::int64_t count = 0, q = 0;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     using U = std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint64_t>;
     constexpr U exponent = std::is_same_v<T, float> ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+#ifdef LATHER_HAS_AVX512_DISPATCH
+    if (simd_detail::use_avx512()) q = host_count_nonfinite_avx512(x, n, count);
+#endif
 #ifdef LATHER_HAS_HOST_CHUNKS_SIMD
     // 32-bit lanes: a float's bits, or a double's high word (lanes 1 and 3; the low words'
     // lanes are masked with 0 and always compare equal, so only the high lanes are summed).
