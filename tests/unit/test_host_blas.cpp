@@ -39,6 +39,7 @@
 #include <new>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -221,10 +222,12 @@ namespace {
 // definition. Every n from 1 to 16 (floats) or 8 (doubles): each is its own instantiation.
 // Tolerance: the file's 4 (k + 2) u (|a| <= 1; k the summed length), and at k = 65536 the chunked
 // sum's own bound (chunk + k / chunk + 2) u sum_l |a_il a_jl|.
+// `trans` 'T': A is k x n (lda >= k), C = alpha A^T A + beta C.
 template <class T>
-void check_small_syrk(std::int64_t n, std::int64_t k, std::int64_t lda, char uplo, T alpha, T beta) {
+void check_small_syrk(std::int64_t n, std::int64_t k, std::int64_t lda, char uplo, T alpha, T beta, char trans = 'N') {
   namespace blas = lather::impl::blas;
-  const auto av = lather::test::random_values(static_cast<std::size_t>(lda * k), 500 + 31 * n + k);
+  const bool tr = trans == 'T';
+  const auto av = lather::test::random_values(static_cast<std::size_t>(lda * (tr ? n : k)), (tr ? 1500 : 500) + 31 * n + k);
   std::vector<T> a(av.begin(), av.end());
   const auto cv = lather::test::random_values(static_cast<std::size_t>((n + 2) * n), 600 + n);
   const std::int64_t ldc = n + 2;
@@ -236,19 +239,22 @@ void check_small_syrk(std::int64_t n, std::int64_t k, std::int64_t lda, char upl
     for (std::int64_t i = 0; i < n; ++i)
       if (beta == T(0) && (lower ? i >= j : i <= j)) c[static_cast<std::size_t>(i + j * ldc)] = std::numeric_limits<T>::quiet_NaN();
   const std::vector<T> c0 = c;
-  blas::syrk<T>(uplo, 'N', n, k, alpha, a.data(), lda, beta, c.data(), ldc);
+  blas::syrk<T>(uplo, trans, n, k, alpha, a.data(), lda, beta, c.data(), ldc);
   const ld u = std::numeric_limits<T>::epsilon();
+  auto at = [&](std::int64_t row, std::int64_t l) {  // op(A)(row, l)
+    return static_cast<ld>(a[static_cast<std::size_t>(tr ? l + row * lda : row + l * lda)]);
+  };
   for (std::int64_t j = 0; j < n; ++j)
     for (std::int64_t i = 0; i < ldc; ++i) {
       const auto e = static_cast<std::size_t>(i + j * ldc);
-      INFO("n=", n, " k=", k, " lda=", lda, " uplo=", uplo, " (", i, ",", j, ")");
+      INFO("n=", n, " k=", k, " lda=", lda, " uplo=", uplo, " trans=", trans, " (", i, ",", j, ")");
       if (i >= n || (lower ? i < j : i > j)) {
         CHECK(std::memcmp(&c[e], &c0[e], sizeof(T)) == 0);
         continue;
       }
       ld s = 0, mag = 0;
       for (std::int64_t l = 0; l < k; ++l) {
-        const ld t = static_cast<ld>(a[static_cast<std::size_t>(i + l * lda)]) * a[static_cast<std::size_t>(j + l * lda)];
+        const ld t = at(i, l) * at(j, l);
         s += t;
         mag += std::fabs(t);
       }
@@ -332,6 +338,68 @@ TEST_CASE("host BLAS: SYRK 'N' and SYMM 'L' with a dimension of one vector regis
 }
 
 namespace {
+// SYRK 'N' and 'T' of order min_dim to max_dim (tiled_syrk.hpp's register tiles on AVX-512
+// CPUs, 'T' for floats through a transposition; the BLAS elsewhere): against the definition at
+// the edges of the tiles (3 vectors of rows, 8 columns), of the transposition's 16 x 16 blocks,
+// of the chunks of k and of the range (one below and one above: the BLAS again), both
+// triangles, larger leading dimensions, with NaN where C is unread; then the columns in uneven
+// bands give the whole product's bits (what split::syrk_lower's parts rely on), and 'T' on the
+// transposed A gives 'N''s.
+template <class T>
+void check_tiled_syrk() {
+  namespace tiled = lather::impl::blas::tiled;
+  constexpr std::int64_t lanes = std::is_same_v<T, float> ? 16 : 8, rows = 3 * lanes, ch = tiled::chunk<T>;
+  const std::int64_t lo = tiled::min_dim<T>, hi = tiled::max_dim;
+  for (const std::int64_t n : {lo - 1, lo, lo + 1, rows - 1, rows, rows + 1, std::int64_t{100}, std::int64_t{256},
+                               std::int64_t{257}, hi, hi + 1}) {
+    std::vector<std::int64_t> ks = {1, 7, 8};
+    if (n <= 257) ks.insert(ks.end(), {ch, ch + 1, 2 * ch + 5});
+    for (const std::int64_t k : ks)
+      for (const char uplo : {'L', 'U'}) {
+        check_small_syrk<T>(n, k, n, uplo, T(1), T(0));
+        check_small_syrk<T>(n, k, n + 3, uplo, T(0.5), T(-0.75));
+        check_small_syrk<T>(n, k, k, uplo, T(1), T(0), 'T');
+        check_small_syrk<T>(n, k, k + 5, uplo, T(0.5), T(-0.75), 'T');
+      }
+  }
+  for (const std::int64_t n : {lo, std::int64_t{100}, std::int64_t{257}})
+    for (const std::int64_t k : {std::int64_t{5}, ch + 3})
+      for (const char uplo : {'L', 'U'}) {
+        if (!tiled::takes<T>(n, k, T(1))) continue;
+        const auto av = lather::test::random_values(static_cast<std::size_t>(n * k), 1300 + n + k);
+        const std::vector<T> a(av.begin(), av.end());
+        const auto cv = lather::test::random_values(static_cast<std::size_t>(n * n), 1400 + n);
+        const std::vector<T> c0(cv.begin(), cv.end());
+        std::vector<T> whole = c0, bands = c0;
+        tiled::syrk_n<T>(uplo, n, k, T(0.5), a.data(), n, T(0.999), whole.data(), n);
+        const std::int64_t cuts[] = {0, 3, 3, n / 2 + 1, n - 1, n};  // an empty band, bands of 1 and 3
+        for (int b = 0; b + 1 < 6; ++b)
+          tiled::syrk_columns<T>(uplo, n, k, T(0.5), a.data(), n, T(0.999), bands.data(), n, cuts[b], cuts[b + 1]);
+        INFO("n=", n, " k=", k, " uplo=", uplo);
+        CHECK(std::memcmp(whole.data(), bands.data(), whole.size() * sizeof(T)) == 0);
+        if (!tiled::takes_transposed<T>(n, k, T(1))) continue;
+        // 'T' on the transpose of the same A: the transposition adds no rounding, so the bits
+        // of 'N', whole and in bands.
+        std::vector<T> at(static_cast<std::size_t>(k * n));
+        for (std::int64_t p = 0; p < k; ++p)
+          for (std::int64_t i = 0; i < n; ++i) at[static_cast<std::size_t>(p + i * k)] = a[static_cast<std::size_t>(i + p * n)];
+        std::vector<T> t_whole = c0, t_bands = c0;
+        tiled::syrk_t<T>(uplo, n, k, T(0.5), at.data(), k, T(0.999), t_whole.data(), n);
+        for (int b = 0; b + 1 < 6; ++b)
+          tiled::syrk_columns_transposed<T>(uplo, n, k, T(0.5), at.data(), k, T(0.999), t_bands.data(), n, cuts[b], cuts[b + 1]);
+        CHECK(std::memcmp(whole.data(), t_whole.data(), whole.size() * sizeof(T)) == 0);
+        CHECK(std::memcmp(whole.data(), t_bands.data(), whole.size() * sizeof(T)) == 0);
+      }
+}
+}  // namespace
+
+TEST_CASE("host BLAS: SYRK 'N' and 'T' of order 32 to 1024 (register tiles on AVX-512) equal the definition, in any column bands") {
+  MESSAGE("tiled SYRK on this CPU: ", std::string(lather::impl::blas::tiled::takes<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"));
+  check_tiled_syrk<float>();
+  check_tiled_syrk<double>();
+}
+
+namespace {
 // lead(crew) in the first thread of one team of all of the space's threads, the others serving
 // as the crew's helpers (as Shampoo's wide blocks run).
 template <class ExecSpace, class F>
@@ -393,6 +461,12 @@ void check_split_products(const ExecSpace& space) {
           split::syrk_lower<T>(crew, trans, n, k, alpha, a.data(), lda, beta, by_crew.data(), n);
         });
         CHECK(same_bits(c, by_crew));
+        if (tr ? lather::impl::blas::tiled::takes_transposed<T>(n, k, alpha) : lather::impl::blas::tiled::takes<T>(n, k, alpha)) {
+          // lather's tiles compute an element alike in any band: the split's bits are the whole's.
+          auto plain = c0;
+          lather::impl::blas::syrk<T>('L', trans, n, k, alpha, a.data(), lda, beta, plain.data(), n);
+          CHECK(same_bits(c, plain));
+        }
         for (I j = 0; j < n; ++j)
           for (I i = 0; i < n; ++i) {
             INFO("syrk n=", n, " k=", k, " trans=", trans, " (", i, ",", j, ")");

@@ -179,9 +179,17 @@ void syrk_lower(Where* where, char trans, std::int64_t n, std::int64_t k, T alph
   const std::int64_t bands = 2 * static_cast<std::int64_t>(p);
   const std::int64_t width = ((n + bands - 1) / bands + align - 1) / align * align;
   const bool tr = trans == 'T';
+  // lather's own SYRK computes each element alike in any band of columns: a band is its columns
+  // down to row n, and the split gives the whole product's bits.
+  const bool tiles = tr ? tiled::takes_transposed<T>(n, k, alpha) : tiled::takes<T>(n, k, alpha);
   auto band = [=](std::int64_t b) {
     const std::int64_t j0 = std::min(n, b * width), j1 = std::min(n, (b + 1) * width);
     if (j1 <= j0) return;
+    if (tiles) {
+      if (tr) tiled::syrk_columns_transposed<T>('L', n, k, alpha, a, lda, beta, c, ldc, j0, j1);
+      else tiled::syrk_columns<T>('L', n, k, alpha, a, lda, beta, c, ldc, j0, j1);
+      return;
+    }
     const T* a0 = tr ? a + j0 * lda : a + j0;  // the band's columns (rows) of op(A)^T
     const T* a1 = tr ? a + j1 * lda : a + j1;
     blas::syrk<T>('L', trans, j1 - j0, k, alpha, a0, lda, beta, c + j0 + j0 * ldc, ldc);
