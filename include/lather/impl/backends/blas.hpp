@@ -119,9 +119,9 @@ void gemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, T al
 /// The `uplo` triangle of C (n x n) = alpha op(A) op(A)^T + beta C, op(A) n x k (`trans` 'N': A
 /// is n x k; 'T': A is k x n), column-major; the other triangle is not touched. 'N' on AVX-512
 /// CPUs runs lather's own loops: n at most a vector register (16 floats, 8 doubles) in
-/// small_products.hpp (OpenBLAS runs that shape at a sixth of its GEMM rate), n up to 1024 in
-/// tiled_syrk.hpp (1.1-1.4x OpenBLAS' SkylakeX SSYRK, 2x its Haswell one); floats with 'T' there
-/// too, through a transposition.
+/// small_products.hpp (OpenBLAS runs that shape at a sixth of its GEMM rate), n from there to
+/// 1024 in tiled_syrk.hpp (1.0-4.1x OpenBLAS' SkylakeX SSYRK, 1.3-4.2x its Haswell one); floats
+/// with 'T' there too, through a transposition.
 template <class T>
 void syrk(char uplo, char trans, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda, T beta, T* c,
           std::int64_t ldc) {

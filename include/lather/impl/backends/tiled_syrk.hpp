@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// \file
 /// \brief Private. SYRK with trans 'N' (C = alpha A A^T + beta C, A n x k column-major) for
-/// 32 <= n <= 1024 floats (9 <= n <= 1024 doubles) on AVX-512 CPUs: register tiles of 3 vectors
+/// 17 <= n <= 1024 floats (9 <= n <= 1024 doubles) on AVX-512 CPUs: register tiles of 3 vectors
 /// of rows by 8 columns of C, reading A where it is (no packing), k in chunks of 1 KiB per
 /// column. Floats with trans 'T' (C = alpha A^T A + beta C) too: each chunk of A transposed
 /// into a per-thread buffer first. impl::blas::syrk and blas::split::syrk_lower send these
@@ -10,15 +10,15 @@
 /// Why: a row-major block's factor of its last dimension is this SYRK (its column-major view
 /// times its transpose), and OpenBLAS 0.3.21 runs it well below its GEMM rate at Shampoo's block
 /// sizes: on the Zen 5 VM, 1 thread, in cache, n = k = 256: 151 GFLOP/s with the SkylakeX
-/// kernels (GEMM 237), 94 with the Haswell ones; here 213-215 (both), reading A in place where
-/// OpenBLAS packs it. Doubles gain more (OpenBLAS' DSYRK at n = k = 256: 57 GFLOP/s, here 114).
+/// kernels (GEMM 237), 94 with the Haswell ones; here 225-229 (both), reading A in place where
+/// OpenBLAS packs it. Doubles gain more (OpenBLAS' DSYRK at n = k = 256: 57 GFLOP/s, here 113).
 ///
 /// How: a tile's 24 accumulators hold its 48 (24 for doubles) rows by 8 columns of C, rows in
 /// the lanes; every step of k loads the tile's rows of A's column and broadcasts the 8 elements
 /// of the same column at the tile's columns: 11 loads for 24 FMAs, A streamed from L1/L2 with
 /// the column stride.
-/// Tiles cover the columns' part of the `uplo` triangle; lanes outside it or past n are masked
-/// (computed, never stored).
+/// Tiles cover the columns' part of the `uplo` triangle, a column's last tile only the 1 to 3
+/// vectors of rows left; lanes outside the triangle or past n are masked (computed, never stored).
 ///
 /// Bits: C(i, j) is alpha times the sum over each chunk of k (FMAs from p = 0 on, one
 /// accumulator), plus beta C (the first chunk; 1 for the later ones) - independent of the tile
@@ -44,9 +44,10 @@ template <class T>
 inline constexpr std::int64_t chunk = 1024 / static_cast<std::int64_t>(sizeof(T));
 
 /// The sizes measured faster than OpenBLAS (SkylakeX and Haswell kernels): below, small_products
-/// or the BLAS (17 <= n < 32 floats ran at 0.95-1.1x); above, untested.
+/// ('N') or the BLAS; from 17 floats on, since a column's last tile has only the vectors left,
+/// 1.16-4.1x OpenBLAS ('N' and 'T', n = 17 to 31, k = 9 to 2304); above 1024, untested.
 template <class T>
-inline constexpr std::int64_t min_dim = std::is_same_v<T, float> ? 32 : 9;
+inline constexpr std::int64_t min_dim = std::is_same_v<T, float> ? 17 : 9;
 inline constexpr std::int64_t max_dim = 1024;
 
 /// Whether syrk with trans 'N' of order n and inner dimension k runs here (alpha 0 and k 0 scale
@@ -126,23 +127,23 @@ struct Lanes<double> {
 // (256 x 256) SYRK with A and C cold took 120-133 us, with them 98-111 (OpenBLAS 123-132).
 inline constexpr std::int64_t prefetch_columns = 32;
 
-// The tile of rows [i0, i0 + 3 vectors) (those below `rows` only) and columns [j0, j0 + NC) of
+// The tile of rows [i0, i0 + RV vectors) (those below `rows` only) and columns [j0, j0 + NC) of
 // C, summing k columns of A. Fully unrolled so the accumulators stay in registers (an array
 // indexed at run time would live on the stack). C's lines are prefetched first (read at the
 // end); `First`: the first pass over these rows of A, which prefetches them too.
-template <class T, int NC, bool First>
+template <class T, int NC, bool First, int RV = row_vectors>
 LATHER_AVX512_FN void tile(bool lower, std::int64_t rows, std::int64_t k, T alpha, const T* a, std::int64_t lda,
                            T beta, T* c, std::int64_t ldc, std::int64_t i0, std::int64_t j0) {
   using W = Lanes<T>;
   constexpr int L = W::width;
-  typename W::reg acc[row_vectors][NC];
+  typename W::reg acc[RV][NC];
 #pragma GCC unroll 8
-  for (int v = 0; v < row_vectors; ++v)
+  for (int v = 0; v < RV; ++v)
 #pragma GCC unroll 8
     for (int q = 0; q < NC; ++q) acc[v][q] = W::zero();
-  typename W::mask in[row_vectors];
+  typename W::mask in[RV];
 #pragma GCC unroll 8
-  for (int v = 0; v < row_vectors; ++v) {
+  for (int v = 0; v < RV; ++v) {
     const std::int64_t r = rows - (i0 + L * v);
     in[v] = r >= L ? static_cast<typename W::mask>(~0u)
                    : static_cast<typename W::mask>(r <= 0 ? 0u : (1u << r) - 1u);
@@ -150,7 +151,7 @@ LATHER_AVX512_FN void tile(bool lower, std::int64_t rows, std::int64_t k, T alph
 #pragma GCC unroll 8
   for (int q = 0; q < NC; ++q)
 #pragma GCC unroll 8
-    for (int v = 0; v < row_vectors; ++v)
+    for (int v = 0; v < RV; ++v)
       if (in[v] != 0) _mm_prefetch(reinterpret_cast<const char*>(c + i0 + L * v + (j0 + q) * ldc), _MM_HINT_T0);
   const T* ap = a + i0;
   const T* bp = a + j0;
@@ -158,23 +159,23 @@ LATHER_AVX512_FN void tile(bool lower, std::int64_t rows, std::int64_t k, T alph
   for (std::int64_t p = 0; p < k; ++p, ap += lda, bp += lda) {
     if constexpr (First) {
 #pragma GCC unroll 8
-      for (int v = 0; v < row_vectors; ++v) _mm_prefetch(reinterpret_cast<const char*>(ap + ahead + L * v), _MM_HINT_T0);
+      for (int v = 0; v < RV; ++v) _mm_prefetch(reinterpret_cast<const char*>(ap + ahead + L * v), _MM_HINT_T0);
     }
-    typename W::reg x[row_vectors];
+    typename W::reg x[RV];
 #pragma GCC unroll 8
-    for (int v = 0; v < row_vectors; ++v) x[v] = W::load(in[v], ap + L * v);
+    for (int v = 0; v < RV; ++v) x[v] = W::load(in[v], ap + L * v);
 #pragma GCC unroll 8
     for (int q = 0; q < NC; ++q) {
       const auto b = W::set1(bp[q]);
 #pragma GCC unroll 8
-      for (int v = 0; v < row_vectors; ++v) acc[v][q] = W::fma(x[v], b, acc[v][q]);
+      for (int v = 0; v < RV; ++v) acc[v][q] = W::fma(x[v], b, acc[v][q]);
     }
   }
   const auto va = W::set1(alpha), vb = W::set1(beta);
 #pragma GCC unroll 8
   for (int q = 0; q < NC; ++q) {
 #pragma GCC unroll 8
-    for (int v = 0; v < row_vectors; ++v) {
+    for (int v = 0; v < RV; ++v) {
       const std::int64_t r0 = i0 + L * v;
       const auto m = static_cast<typename W::mask>(in[v] & W::side(lower, j0 + q - r0));
       T* cp = c + r0 + (j0 + q) * ldc;
@@ -191,13 +192,15 @@ template <class T, int NC, bool First>
 LATHER_AVX512_FN void column_tiles(bool lower, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
                                    T beta, T* c, std::int64_t ldc, std::int64_t j0) {
   constexpr std::int64_t L = Lanes<T>::width, rows = L * row_vectors;
-  if (lower) {
-    for (std::int64_t i0 = j0 / L * L; i0 < n; i0 += rows)
-      tile<T, NC, First>(true, n, k, alpha, a, lda, beta, c, ldc, i0, j0);
-  } else {
-    const std::int64_t end = std::min(n, j0 + NC);
-    for (std::int64_t i0 = 0; i0 < end; i0 += rows) tile<T, NC, First>(false, end, k, alpha, a, lda, beta, c, ldc, i0, j0);
-  }
+  // The last tile of the column takes only the vectors left (1 or 2): a fixed 3 would compute
+  // up to 2 vectors of rows past the end (n = 256: 19% more FMAs than the triangle, 6% with
+  // the narrower last tiles; n = 64: 85%, 23%).
+  const std::int64_t end = lower ? n : std::min(n, j0 + NC);
+  std::int64_t i0 = lower ? j0 / L * L : 0;
+  for (; end - i0 > rows; i0 += rows) tile<T, NC, First>(lower, end, k, alpha, a, lda, beta, c, ldc, i0, j0);
+  if (end - i0 > 2 * L) tile<T, NC, First>(lower, end, k, alpha, a, lda, beta, c, ldc, i0, j0);
+  else if (end - i0 > L) tile<T, NC, First, 2>(lower, end, k, alpha, a, lda, beta, c, ldc, i0, j0);
+  else tile<T, NC, First, 1>(lower, end, k, alpha, a, lda, beta, c, ldc, i0, j0);
 }
 
 // column_tiles for the last, narrower group of nc < tile_columns columns.
@@ -232,9 +235,12 @@ LATHER_AVX512_FN void syrk_columns_avx512(bool lower, std::int64_t n, std::int64
 
 // The buffer a thread transposes chunks of A into: max_dim (+ padding) rows by one chunk,
 // allocated at the thread's first SYRK 'T' at its largest size, so that no later call allocates.
+// Zeroed when allocated, so that its pages are touched in order there rather than in the
+// transposition's order: a buffer first touched by the transposition made a (256 x 256) 'T'
+// SYRK 93 instead of 86.5 us in cache, in every later call (page placement; Zen 5 VM).
 inline float* transposed_buffer() {
   thread_local std::unique_ptr<float[]> buffer;
-  if (!buffer) buffer.reset(new float[static_cast<std::size_t>((max_dim + 32) * chunk<float>)]);
+  if (!buffer) buffer.reset(new float[static_cast<std::size_t>((max_dim + 32) * chunk<float>)]());
   return buffer.get();
 }
 // The buffer's leading dimension for order n: whole vectors plus one, so that its columns do
