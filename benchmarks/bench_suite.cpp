@@ -739,6 +739,7 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   }
   state.counters["state_MB"] = bytes * 1e-6;
   state.counters["ref_state_MB"] = w.reference_packed * 1e-6;
+  state.counters["huge_page_MB"] = static_cast<double>(opt.huge_page_bytes()) * 1e-6;
   state.counters["batched_launches/step"] = static_cast<double>(opt.last_step_info().batched_launches);
   state.counters["batched_gemm_calls/step"] = static_cast<double>(opt.last_step_info().batched_gemm_calls);
   state.counters["split_gram_products/step"] = static_cast<double>(opt.last_step_info().split_gram_products);

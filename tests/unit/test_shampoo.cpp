@@ -9,6 +9,7 @@
 #include <lather/optimizers/sgd.hpp>
 #include <lather/optimizers/shampoo.hpp>
 #include <lather/root_inverse/root_inverse.hpp>
+#include <lather/impl/state_arena.hpp>
 #ifdef LATHER_ENABLE_EIGEN
 #include <Eigen/Dense>
 #endif
@@ -22,6 +23,8 @@
 #include "test_utils.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -1197,6 +1200,136 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: paired factors hold the reference's packed s
   impl_test_paired_storage<double, ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_paired, lather_test_exec_spaces);
+
+// Whether this process should get huge pages advised in host memory: Linux, the kernel offers
+// transparent huge pages (the sysfs file exists) and not "never", and LATHER_HUGE_PAGES is not 0
+// (ctest runs these cases once more with it 0: lather_shampoo_tests_no_huge_pages).
+bool huge_pages_expected() {
+#if defined(__linux__)
+  if (const char* e = std::getenv("LATHER_HUGE_PAGES"); e != nullptr && std::string(e) == "0") return false;
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  return f && std::getline(f, line) && line.find("[never]") == std::string::npos;
+#else
+  return false;
+#endif
+}
+
+// impl::StateArena: slices of the reserved lengths, zero, 256 bytes apart at least and
+// 64-byte aligned (a Kokkos allocation's alignment, which the first slice has), disjoint (each
+// written with its own value and read back whole), kept alive by the slices alone; an arena
+// of 6 MiB in host memory has at least one whole 2 MiB page advised when huge pages apply.
+template <class T, class ExecSpace>
+void impl_test_state_arena() {
+  using M = typename ExecSpace::memory_space;
+  const std::vector<std::size_t> lengths{1, 0, 13, 64, 65, 3, 6 * 1024 * 1024 / sizeof(T)};
+  std::vector<Kokkos::View<T*, M>> slices;
+  std::size_t advised = 0;
+  {
+    lather::impl::StateArena<T, M> arena;
+    for (const auto n : lengths) arena.reserve(n);
+    arena.allocate("test_arena");
+    for (const auto n : lengths) slices.push_back(arena.take(n));
+    advised = arena.advised_bytes();
+  }  // the arena object is gone; the slices keep the allocation
+  const bool host = std::is_same_v<M, Kokkos::HostSpace>;
+  if (host && huge_pages_expected()) CHECK(advised >= (std::size_t(2) << 20));
+  else CHECK(advised == 0);
+  const T* end = nullptr;
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    CAPTURE(s);
+    REQUIRE(slices[s].extent(0) == lengths[s]);
+    CHECK(slices[s].span() == lengths[s]);
+    if (lengths[s] == 0) {
+      CHECK(slices[s].data() == nullptr);
+      continue;
+    }
+    CHECK(reinterpret_cast<std::uintptr_t>(slices[s].data()) % 64 == 0);
+    CHECK((slices[s].data() - slices[0].data()) * sizeof(T) % 256 == 0);
+    if (end != nullptr) CHECK(slices[s].data() >= end);
+    end = slices[s].data() + lengths[s];
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), slices[s]);
+    CHECK(std::all_of(h.data(), h.data() + h.size(), [](T v) { return v == T(0); }));
+    Kokkos::deep_copy(slices[s], T(s + 1));
+  }
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), slices[s]);
+    CHECK(std::all_of(h.data(), h.data() + h.size(), [&](T v) { return v == T(s + 1); }));
+  }
+  // Nothing to advise: no memory, or no whole 2 MiB page inside the range.
+  CHECK(lather::impl::advise_huge_pages(nullptr, std::size_t(8) << 20) == 0);
+  std::vector<char> small(std::size_t(1) << 20);
+  CHECK(lather::impl::advise_huge_pages(small.data(), small.size()) == 0);
+}
+TEST_CASE_TEMPLATE_DEFINE("shampoo: state arenas and huge pages", ExecSpace, shampoo_state_arena) {
+  impl_test_state_arena<float, ExecSpace>();
+  impl_test_state_arena<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_state_arena, lather_test_exec_spaces);
+
+// Shampoo's factors, inverse roots and per-element state come from arenas: a (1024, 768)
+// parameter at block size 256 (12 blocks of 2 paired 256-order factors, 6.3 MB, and 6.3 MB of
+// element state) has huge pages advised on a Linux host; its factors are disjoint, 64-byte aligned,
+// and the steps' results are those of the same optimizer's per-block reference path
+// (set_block_concurrency(false): the kernels, no fused host blocks) to rounding.
+template <class ExecSpace>
+void impl_test_shampoo_huge_pages() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<float, M>;
+  using Opt = lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting>;
+  const std::vector<std::int64_t> shape{1024, 768};
+  lather::ShampooOptions o;
+  o.lr = 1e-2;
+  o.max_preconditioner_dim = 256;
+  o.precondition_frequency = 2;
+  o.start_preconditioning_step = 2;
+  o.epsilon = 1e-3;
+  Kokkos::View<float*, M> w("w", 1024 * 768), g("g", 1024 * 768);
+  P param(w.data(), shape), grad(g.data(), shape);
+  lather::test::from_host(param, lather::test::random_values(1024 * 768, 41));
+  std::vector<P> params{param};
+  Opt opt(params, o, {}, {});
+  const bool host = std::is_same_v<M, Kokkos::HostSpace>;
+  if (host && huge_pages_expected()) CHECK(opt.huge_page_bytes() >= (std::size_t(4) << 20));
+  else CHECK(opt.huge_page_bytes() == 0);
+  REQUIRE(opt.num_blocks(0) == 12);
+  std::vector<std::pair<const float*, const float*>> spans;
+  for (std::size_t b = 0; b < 12; ++b)
+    for (const auto& f : opt.block(0, b).factors) {
+      REQUIRE(f.preconditioned);
+      CHECK(reinterpret_cast<std::uintptr_t>(f.factor.data()) % 64 == 0);
+      spans.emplace_back(f.factor.data(), f.factor.data() + f.factor.span());
+    }
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t s = 1; s < spans.size(); ++s) CHECK(spans[s].first >= spans[s - 1].second);
+  // Initial state: factors 0, inverse roots I (the reference's).
+  const auto f0 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt.factor_matrix(0, 5, 1));
+  const auto x0 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt.inverse_factor_matrix(0, 5, 1));
+  bool initial = true;
+  for (std::size_t i = 0; i < 256; ++i)
+    for (std::size_t j = 0; j < 256; ++j) initial = initial && f0(i, j) == 0.0f && x0(i, j) == (i == j ? 1.0f : 0.0f);
+  CHECK(initial);
+  Kokkos::View<float*, M> w2("w2", 1024 * 768);
+  P param2(w2.data(), shape);
+  lather::test::from_host(param2, lather::test::random_values(1024 * 768, 41));
+  std::vector<P> ref_params{param2};
+  Opt ref(ref_params, o, {}, {});
+  ref.set_block_concurrency(false);
+  const std::vector<P> grads{grad};
+  for (int t = 1; t <= 4; ++t) {
+    lather::test::from_host(grad, lather::test::random_values(1024 * 768, static_cast<std::uint64_t>(70 + t)));
+    opt.step(ExecSpace(), grads);
+    ref.step(ExecSpace(), grads);
+  }
+  const auto a = lather::test::to_host(param), b = lather::test::to_host(param2);
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  CHECK(worst < 1e-5);
+}
+TEST_CASE_TEMPLATE_DEFINE("shampoo: factors and element state on huge pages", ExecSpace, shampoo_huge_pages) {
+  impl_test_shampoo_huge_pages<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_huge_pages, lather_test_exec_spaces);
 
 // Symmetric packing stores the upper triangles only and changes nothing else, bit for bit;
 // exponent overrides: 0 = not preconditioned, per-dimension values, the legacy root options.

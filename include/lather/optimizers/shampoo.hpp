@@ -34,6 +34,7 @@
 #include <lather/impl/backends/gemm_batches.hpp>
 #include <lather/impl/label.hpp>
 #include <lather/impl/option_check.hpp>
+#include <lather/impl/state_arena.hpp>
 #include <lather/io/checkpoint.hpp>
 #include <lather/io/state_dict.hpp>
 #include <lather/layout/blocking.hpp>
@@ -340,13 +341,14 @@ class Shampoo {
     }
     assign_blocks();
     for (std::size_t i = 0; i < m_params.size(); ++i) build_param_state(i);
-    for (auto& u : m_users) allocate_element_state(u);
+    allocate_factor_storage();
+    allocate_element_states();
     if (exchanges()) build_exchange();
     std::int64_t max_numel = 1;
     for (const auto& p : m_params) max_numel = std::max(max_numel, p.layout.numel());
-    m_grad = vector_type("lather::Shampoo::blocked_grad", max_numel);
-    m_work0 = vector_type("lather::Shampoo::work0", max_numel);
-    m_work1 = vector_type("lather::Shampoo::work1", max_numel);
+    m_grad = buffer("lather::Shampoo::blocked_grad", max_numel);
+    m_work0 = buffer("lather::Shampoo::work0", max_numel);
+    m_work1 = buffer("lather::Shampoo::work1", max_numel);
     if constexpr (!block_concurrency_possible) {
       // Partial norms of the chunked block norms, where a parameter has a block of several chunks.
       std::int64_t partials = 0;
@@ -362,7 +364,7 @@ class Shampoo {
           const auto [outer, d, inner] = unfold(blk.extent, k);
           if (blk.factors[k].preconditioned && outer > 1 && inner > 1) max_unfold = std::max(max_unfold, outer * d * inner);
         }
-    if (max_unfold > 0) m_unfold = vector_type("lather::Shampoo::unfolded_block", max_unfold);
+    if (max_unfold > 0) m_unfold = buffer("lather::Shampoo::unfolded_block", max_unfold);
     allocate_block_threads(max_unfold);
     m_intake = impl::GradientIntake<value_type, memory_space, ExecSpace>("Shampoo", m_users.size());
     if (!host_products && batched_passes_possible()) set_batched_passes(true);
@@ -639,6 +641,10 @@ class Shampoo {
            sizeof(value_type);
     return n;
   }
+  /// Bytes of the factor matrices' storage (factors, inverse roots, eigenbases: one allocation
+  /// per scalar type) advised as transparent huge pages: host memory on Linux, its whole 2 MiB
+  /// pages, unless `LATHER_HUGE_PAGES=0` or the system has them off ("never"); 0 elsewhere.
+  [[nodiscard]] std::size_t huge_page_bytes() const noexcept { return m_huge_page_bytes; }
   /// Factor matrix k of block b of parameter i as a full d x d matrix (a new view; unpacked when
   /// stored packed). Fences.
   [[nodiscard]] Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space> factor_matrix(std::size_t i, std::size_t b,
@@ -1204,26 +1210,12 @@ class Shampoo {
           // vector along it: those take the rank-one update and SPMV on packed storage).
           f.paired = paired_possible && f.packed && numel_of(blk.extent) > f.dim;
           const auto stored = static_cast<std::size_t>(impl::kernels::SymmetricStorage<factor_type>::size(f.dim, f.packed));
-          f.factor = decltype(f.factor)("lather::Shampoo::factor_matrix", f.paired ? 2 * stored : stored);
-          using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
-          if constexpr (kind != PreconditionerKind::eigenvalue_corrected) {
-            if (!f.paired) f.inverse_factor = decltype(f.inverse_factor)("lather::Shampoo::inv_factor_matrix", stored);
-            Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::identity"), MD({0, 0}, {f.dim, f.dim}),
-                                 impl::kernels::SetIdentity<inverse_factor_type>{f.inverse_storage()});
+          // The matrices themselves come from the arenas once every block is known
+          // (allocate_factor_storage).
+          if constexpr (kind != PreconditionerKind::eigenvalue_corrected)
             p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
-          } else {
+          else
             p.result.back().emplace_back();
-          }
-          if constexpr (kind == PreconditionerKind::eigenvalue_corrected || kind == PreconditionerKind::eigendecomposed) {
-            // Q = I and lambda = 1 until the first amortized step (the reference's initial state).
-            f.eigenvectors = decltype(f.eigenvectors)("lather::Shampoo::factor_matrix_eigenvectors", dk * dk);
-            Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::identity"), MD({0, 0}, {f.dim, f.dim}),
-                                 impl::kernels::SetIdentity<inverse_factor_type>{{f.eigenvectors.data(), f.dim, false}});
-          }
-          if constexpr (kind == PreconditionerKind::eigendecomposed) {
-            f.eigenvalues = decltype(f.eigenvalues)("lather::Shampoo::factor_matrix_eigenvalues", dk);
-            Kokkos::deep_copy(f.eigenvalues, inverse_factor_type(1));
-          }
           p.backup.back().emplace_back("lather::Shampoo::factor_backup", stored);
           if (m_gram.find(dk) == m_gram.end())
             m_gram[dk] = vector_type("lather::Shampoo::gram", dk * dk);
@@ -1240,19 +1232,92 @@ class Shampoo {
     ExecSpace().fence();
   }
 
+  // A zero state or work buffer of n elements, on huge pages where they apply
+  // (impl::huge_page_view).
+  vector_type buffer(const std::string& label, std::int64_t n) {
+    return impl::huge_page_view<vector_type>(label, static_cast<std::size_t>(n), &m_huge_page_bytes);
+  }
+
+  // Every preconditioned factor's matrices (the factor, its inverse root unless paired with it,
+  // eigenvectors, eigenvalues), slices of two arenas (impl::StateArena: one allocation per
+  // scalar type, on huge pages in host memory), then set to the reference's initial state:
+  // factors 0, inverse roots and eigenvectors I, eigenvalues 1.
+  void allocate_factor_storage() {
+    impl::StateArena<factor_type, memory_space> factors;
+    impl::StateArena<inverse_factor_type, memory_space> inverses;
+    // Slice lengths: (factor, inverse root, eigenvectors, eigenvalues).
+    auto lengths = [](const factor_state_type& f) {
+      const auto stored = static_cast<std::size_t>(impl::kernels::SymmetricStorage<factor_type>::size(f.dim, f.packed));
+      const auto d = static_cast<std::size_t>(f.dim);
+      const std::size_t inverse = kind != PreconditionerKind::eigenvalue_corrected && !f.paired ? stored : 0;
+      const std::size_t vectors =
+          kind == PreconditionerKind::eigenvalue_corrected || kind == PreconditionerKind::eigendecomposed ? d * d : 0;
+      const std::size_t values = kind == PreconditionerKind::eigendecomposed ? d : 0;
+      return std::array<std::size_t, 4>{f.paired ? 2 * stored : stored, inverse, vectors, values};
+    };
+    for (const auto& p : m_params)
+      for (const auto& blk : p.blocks)
+        for (const auto& f : blk.factors) {
+          if (!f.preconditioned) continue;
+          const auto n = lengths(f);
+          factors.reserve(n[0]);
+          for (std::size_t j = 1; j < 4; ++j) inverses.reserve(n[j]);
+        }
+    factors.allocate("lather::Shampoo::factor_matrices");
+    inverses.allocate("lather::Shampoo::inverse_factor_matrices");
+    using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
+    for (auto& p : m_params)
+      for (auto& blk : p.blocks)
+        for (auto& f : blk.factors) {
+          if (!f.preconditioned) continue;
+          const auto n = lengths(f);
+          f.factor = factors.take(n[0]);
+          f.inverse_factor = inverses.take(n[1]);
+          f.eigenvectors = inverses.take(n[2]);
+          f.eigenvalues = inverses.take(n[3]);
+          if constexpr (kind != PreconditionerKind::eigenvalue_corrected)
+            Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::identity"), MD({0, 0}, {f.dim, f.dim}),
+                                 impl::kernels::SetIdentity<inverse_factor_type>{f.inverse_storage()});
+          // Q = I and lambda = 1 until the first amortized step (the reference's initial state).
+          if constexpr (kind == PreconditionerKind::eigenvalue_corrected || kind == PreconditionerKind::eigendecomposed)
+            Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::identity"), MD({0, 0}, {f.dim, f.dim}),
+                                 impl::kernels::SetIdentity<inverse_factor_type>{{f.eigenvectors.data(), f.dim, false}});
+          if constexpr (kind == PreconditionerKind::eigendecomposed) Kokkos::deep_copy(f.eigenvalues, inverse_factor_type(1));
+        }
+    m_huge_page_bytes += factors.advised_bytes() + inverses.advised_bytes();
+    ExecSpace().fence();
+  }
+
   // The per-element state of a user parameter (this rank's blocks of all its pieces), each
   // piece's part a subview of it.
-  void allocate_element_state(UserParam& u) {
+  // All of them are slices of one arena (impl::StateArena): a model's many small parameters
+  // (biases, norms) then share pages with the rest instead of each taking its own.
+  void allocate_element_states() {
+    impl::StateArena<value_type, memory_space> arena;
+    for (const auto& u : m_users)
+      for (const auto n : element_lengths(u)) arena.reserve(n);
+    arena.allocate("lather::Shampoo::element_state");
+    m_huge_page_bytes += arena.advised_bytes();
+    for (auto& u : m_users) allocate_element_state(u, arena);
+  }
+  // The lengths of u's filtered gradient, grafting state, momentum, corrected eigenvalues and
+  // weight buffer (0: not kept).
+  std::array<std::size_t, 5> element_lengths(const UserParam& u) const {
     const auto& o = m_groups[u.group].options;
     std::int64_t numel = 0;
     for (std::size_t j = 0; j < u.count; ++j) numel += m_params[u.first + j].local_numel;
     const auto n = static_cast<std::size_t>(numel);
-    if (o.betas[0] != 0.0) u.filtered = vector_type("lather::Shampoo::filtered_grad", n);
-    if (Grafting::has_state) u.graft_state = vector_type("lather::Shampoo::grafting_state", n);
-    if (o.momentum != 0.0) u.momentum = vector_type("lather::Shampoo::momentum_buffer", n);
-    if constexpr (kind == PreconditionerKind::eigenvalue_corrected)
-      u.corrected = vector_type("lather::Shampoo::corrected_eigenvalues", n);
-    if (o.iterate_averaging != IterateAveraging::none) u.weight_buffer = vector_type("lather::Shampoo::weight_buffer", n);
+    return {o.betas[0] != 0.0 ? n : 0, Grafting::has_state ? n : 0, o.momentum != 0.0 ? n : 0,
+            kind == PreconditionerKind::eigenvalue_corrected ? n : 0,
+            o.iterate_averaging != IterateAveraging::none ? n : 0};
+  }
+  void allocate_element_state(UserParam& u, impl::StateArena<value_type, memory_space>& arena) {
+    const auto n = element_lengths(u);
+    u.filtered = arena.take(n[0]);
+    u.graft_state = arena.take(n[1]);
+    u.momentum = arena.take(n[2]);
+    u.corrected = arena.take(n[3]);
+    u.weight_buffer = arena.take(n[4]);
     std::int64_t at = 0;
     for (std::size_t j = 0; j < u.count; ++j) {
       auto& p = m_params[u.first + j];
@@ -1900,10 +1965,10 @@ class Shampoo {
       if (threads < 2 || (!any && !m_fused_eligible) || max_d == 0) return;
       for (int t = 0; t < threads; ++t) {
         m_thread_gram.emplace_back("lather::Shampoo::thread_gram", max_d * max_d);
-        m_thread_unfold.emplace_back("lather::Shampoo::thread_unfolded_block", max_unfold);
+        m_thread_unfold.push_back(buffer("lather::Shampoo::thread_unfolded_block", max_unfold));
         if (!m_fused_eligible) continue;
-        m_thread_grad.emplace_back(t == 0 ? vector_type() : vector_type("lather::Shampoo::thread_block_grad", max_block));
-        m_thread_x.emplace_back(t == 0 ? vector_type() : vector_type("lather::Shampoo::thread_block_work", max_block));
+        m_thread_grad.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_grad", max_block));
+        m_thread_x.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_work", max_block));
         if constexpr (roots_side_by_side_possible)
           m_thread_root.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
       }
@@ -4261,6 +4326,7 @@ class Shampoo {
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
   std::map<std::size_t, vector_type> m_gram, m_gram2;
   vector_type m_grad, m_work0, m_work1, m_unfold;
+  std::size_t m_huge_page_bytes = 0;  // of the factor arenas (impl::StateArena)
   Kokkos::View<double*, memory_space> m_norm_partials;  // block_norms' chunk partials (device path)
   std::vector<vector_type> m_thread_gram, m_thread_unfold;  // host block concurrency, per thread
   std::vector<vector_type> m_thread_grad, m_thread_x;       // fused host blocks, threads > 0
