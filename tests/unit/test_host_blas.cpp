@@ -400,59 +400,6 @@ TEST_CASE("host BLAS: SYRK 'N' and 'T' of order 17 to 1024 (register tiles on AV
   check_tiled_syrk<double>();
 }
 
-TEST_CASE("host BLAS: the tiles' side fetch walks its ranges to the end and changes no bit of the SYRK") {
-  namespace tiled = lather::impl::blas::tiled;
-  using I = std::int64_t;
-  // The walk itself (what the tiles do with next/end): strided rows, an unaligned start, an empty
-  // range ignored, a fifth range ignored (max_ranges 4).
-  std::vector<char> memory((1 << 16) + 64);
-  const char* const base = memory.data() + (64 - reinterpret_cast<std::uintptr_t>(memory.data()) % 64) % 64;  // a line's start
-  {
-    tiled::SideFetchScope scope;
-    scope.add(base + 100, 200, 1000, 3);  // 3 rows of 200 bytes, 1000 apart, from byte 100
-    scope.add(nullptr, 64);
-    scope.add(base + 8192, 64, 0, 0);
-    scope.add(base + 8192, 130);  // one run over 3 lines
-    scope.add(base + 16384, 64);
-    scope.add(base + 20000, 64);
-    scope.add(base + 30000, 64);  // the fifth: dropped
-    std::vector<I> lines;  // line offsets in `memory`, in fetch order
-    auto& side = tiled::side_fetch();
-    while (side.next != nullptr) {  // as tile() walks it
-      lines.push_back(static_cast<I>(side.next - base));
-      side.next += 64;
-      if (side.next >= side.end) side.advance();
-    }
-    // Row r covers bytes [100 + 1000 r, 300 + 1000 r): lines from the one holding its first byte.
-    std::vector<I> expected;
-    for (I r = 0; r < 3; ++r)
-      for (I l = (100 + 1000 * r) / 64 * 64; l < 300 + 1000 * r; l += 64) expected.push_back(l);
-    for (const I l : {8192, 8256, 8320, 16384, 19968, 20032}) expected.push_back(l);  // 20000 straddles two lines
-    CHECK(lines == expected);
-  }
-  CHECK(tiled::side_fetch().next == nullptr);  // the scope cleared it
-  CHECK(tiled::side_fetch().ranges == 0);
-
-  // The tiles with a side fetch under way: the same bits as without, and the fetch moves on.
-  for (const char trans : {'N', 'T'})
-    for (const I n : {17, 256}) {
-      const I k = 300;
-      const auto v = lather::test::random_values(static_cast<std::size_t>(n * k), 900 + static_cast<std::uint64_t>(n));
-      const std::vector<float> a(v.begin(), v.end());
-      std::vector<float> plain(static_cast<std::size_t>(n * n), 0.0f), fetched = plain;
-      lather::impl::blas::syrk<float>('L', trans, n, k, 1.5f, a.data(), trans == 'N' ? n : k, 0.0f, plain.data(), n);
-      {
-        tiled::SideFetchScope scope;
-        scope.add(base, 1024, 4096, 15);  // 15 rows of 1 KiB: 240 lines
-        const char* const first = tiled::side_fetch().next;
-        lather::impl::blas::syrk<float>('L', trans, n, k, 1.5f, a.data(), trans == 'N' ? n : k, 0.0f, fetched.data(), n);
-        if (tiled::takes<float>(n, k, 1.5f))  // tiles ran: one line every side_steps steps of k
-          CHECK((tiled::side_fetch().next == nullptr || tiled::side_fetch().next > first));
-      }
-      CHECK(std::memcmp(plain.data(), fetched.data(), plain.size() * sizeof(float)) == 0);
-    }
-}
-
 namespace {
 // lead(crew) in the first thread of one team of all of the space's threads, the others serving
 // as the crew's helpers (as Shampoo's wide blocks run).

@@ -2393,19 +2393,8 @@ class Shampoo {
       const FusedTask task = self->m_fused_tasks[static_cast<std::size_t>(n)];
       const int t = token.acquire();
       auto& p = self->m_params[task.param];
-      // The gradient of the task this thread likely takes next (the tasks go one at a time to
-      // the threads in turn), fetched on the side of this one's SYRKs: its first pass (the
-      // transposition of the first SYRK 'T') then reads from cache, not memory.
-      const auto ahead = static_cast<std::size_t>(n) + static_cast<std::size_t>(token.size());
-      impl::blas::tiled::SideFetch::Range next{};
-      if (factors && ahead < self->m_fused_tasks.size()) {
-        const FusedTask after = self->m_fused_tasks[ahead];
-        const auto& q = self->m_params[after.param];
-        const auto& grad = (*g)[after.param];
-        if (grad.is_row_major_contiguous()) next = block_rows(q, q.blocks[after.block], grad.data());
-      }
       self->fused_block(p, task.block, (*g)[task.param], self->fused_buffers(t, p.blocks[task.block]), factors, direction,
-                        amortize, nullptr, next);
+                        amortize);
       token.release(t);
     }
   };
@@ -2611,29 +2600,10 @@ class Shampoo {
     });
   }
 
-  // The block's part of a row-major tensor of the parameter's shape (its parameter or gradient) at
-  // `base`, as a side-fetch range: the rows of a two-dimensional block, one run for a block
-  // contiguous in the parameter (one-dimensional, or all but its first extent the parameter's);
-  // empty for other blocks.
-  static impl::blas::tiled::SideFetch::Range block_rows(const ParamState& p, const block_state_type& blk,
-                                                        const value_type* base) {
-    constexpr auto size = static_cast<std::int64_t>(sizeof(value_type));
-    const auto* first = reinterpret_cast<const char*>(base + first_flat(p, blk));
-    const int rank = static_cast<int>(blk.extent.size());
-    if (rank == 2) return {first, blk.extent[1] * size, p.layout.merged_shape[1] * size, blk.extent[0]};
-    bool contiguous = rank >= 1;
-    for (int j = 1; contiguous && j < rank; ++j)
-      contiguous = blk.extent[static_cast<std::size_t>(j)] == p.layout.merged_shape[static_cast<std::size_t>(j)];
-    if (!contiguous) return {};
-    return {first, numel_of(blk.extent) * size, 0, 1};
-  }
-
-  // The step of block b of p in the calling thread (see "fused host blocks"). `next`: memory the
-  // block's SYRK tiles fetch on the side after what its own update reads (FusedRunner: the
-  // gradient of the block this thread likely takes next).
+  // The step of block b of p in the calling thread (see "fused host blocks").
   void fused_block(ParamState& p, std::size_t b, const TensorRef<const value_type, memory_space>& grad,
                    const FusedBuffers& buf, bool factors, bool direction, bool amortize,
-                   impl::blas::split::Crew* split = nullptr, const impl::blas::tiled::SideFetch::Range& next = {}) {
+                   impl::blas::split::Crew* split = nullptr) {
     auto& blk = p.blocks[b];
     const auto& o = m_groups[p.group].options;
     const std::int64_t n = numel_of(blk.extent);
@@ -2667,19 +2637,6 @@ class Shampoo {
       }
     }
     if (factors) {
-      // What the update pass reads from memory (the parameter's rows, the momentum) is fetched
-      // while the SYRK tiles compute (impl::blas::tiled::SideFetch), so that the pass finds it in
-      // cache: the update's share of a steady gpt2-block step at block size 256 (1 thread) went
-      // from 2.9% to 1.5%. Not the filter's state: that pass is bound by its divisions and square
-      // roots, not by memory (fetching it early changed nothing).
-      impl::blas::tiled::SideFetchScope side;
-      if (direction && o.iterate_averaging == IterateAveraging::none && p.param.is_row_major_contiguous()) {
-        const auto rows = block_rows(p, blk, p.param.data());
-        side.add(rows.first, rows.row_bytes, rows.stride, rows.rows);
-        if (p.momentum.data() != nullptr)
-          side.add(p.momentum.data() + blk.begin, n * static_cast<std::int64_t>(sizeof(value_type)));
-      }
-      side.add(next.first, next.row_bytes, next.stride, next.rows);
       const double beta2 = o.betas[1];
       block_factors(p, b, block_grad, amortize, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, buf.gram, buf.unfolded, split,
                     row_stride);
