@@ -33,6 +33,12 @@
 
 #include <benchmark/benchmark.h>
 
+#if __has_include(<execinfo.h>) && __has_include(<dlfcn.h>)
+#include <dlfcn.h>
+#include <execinfo.h>
+#define LATHER_BENCH_ALLOC_TRACE 1
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -40,6 +46,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -156,6 +163,50 @@ void count_kokkos_allocation(Kokkos::Profiling::SpaceHandle, const char*, const 
   ++g_kokkos_allocations;
 }
 
+// LATHER_BENCH_ALLOC_TRACE=n (glibc): the call stacks of the first n (at most 64) heap
+// allocations counted in each cell go to stderr after its counting steps, one line per
+// allocation, each frame as module+offset of its return address (symbolize with `addr2line -f -C
+// -i -e MODULE OFFSET-1`): what allocates inside step() where the count is not 0.
+constexpr int trace_max = 64, trace_frames = 24;
+void* g_traces[trace_max][trace_frames];
+int g_trace_depth[trace_max];
+std::atomic<int> g_trace_count{0};
+int g_trace_limit = 0;
+thread_local bool g_in_trace = false;
+std::string g_cell;  // the cell whose steps are counted, for the trace's header
+void trace_allocation() {
+#if defined(LATHER_BENCH_ALLOC_TRACE)
+  if (g_trace_limit == 0 || g_in_trace) return;
+  const int i = g_trace_count.fetch_add(1, std::memory_order_relaxed);
+  if (i >= g_trace_limit) return;
+  g_in_trace = true;  // backtrace() itself may allocate
+  g_trace_depth[i] = backtrace(g_traces[i], trace_frames);
+  g_in_trace = false;
+#endif
+}
+void print_traces() {
+#if defined(LATHER_BENCH_ALLOC_TRACE)
+  const int n = std::min(g_trace_count.load(), g_trace_limit);
+  std::fprintf(stderr, "alloc-trace %s: %d allocations counted, %d traced\n", g_cell.c_str(), g_trace_count.load(), n);
+  for (int i = 0; i < n; ++i) {
+    std::fprintf(stderr, "alloc-trace %d:", i);
+    for (int f = 1; f < g_trace_depth[i]; ++f) {  // frame 0 is trace_allocation
+      Dl_info info{};
+      if (dladdr(g_traces[i][f], &info) != 0 && info.dli_fname != nullptr) {
+        const char* base = std::strrchr(info.dli_fname, '/');
+        std::fprintf(stderr, " %s+0x%lx", base != nullptr ? base + 1 : info.dli_fname,
+                     static_cast<unsigned long>(reinterpret_cast<std::uintptr_t>(g_traces[i][f]) -
+                                                reinterpret_cast<std::uintptr_t>(info.dli_fbase)));
+      } else {
+        std::fprintf(stderr, " %p", g_traces[i][f]);
+      }
+    }
+    std::fprintf(stderr, "\n");
+  }
+  g_trace_count = 0;
+#endif
+}
+
 struct AllocationCounts {
   double heap = 0, kokkos = 0;
 };
@@ -166,6 +217,7 @@ AllocationCounts count_allocations(int steps, F&& step) {
   g_counting = true;
   for (int s = 0; s < steps; ++s) step();
   g_counting = false;
+  if (g_trace_limit > 0) print_traces();
   const auto heap = static_cast<double>(g_heap_allocations.load());
   g_kokkos_allocations = 0;
   Kokkos::Tools::Experimental::set_allocate_data_callback(count_kokkos_allocation);
@@ -631,6 +683,7 @@ void adamw(benchmark::State& state, const std::string& set, const std::vector<Sh
   opt.step(space, model.grads);
   double best = 0;
   const double t = timed_steps(state, opt, space, model, &best);
+  g_cell = "adamw/" + set + (portable ? "/portable" : "");
   const auto [allocs, launches] = counted_steps(state, opt, space, model);
   // One fused pass: parameters read and written, gradients read, two moments read and written.
   const double bytes = 7.0 * 4.0 * static_cast<double>(model.size);
@@ -697,6 +750,23 @@ void set_step(Opt& opt, std::int64_t step) {
 // Strategy: EigenRootInverse (the suite's Shampoo), or, on device builds, coupled Newton
 // ("root_newton") and AutoRootInverse's defaults ("root_auto": Newton with the eigendecomposition
 // where Newton does not succeed) for every root.
+// LATHER_BENCH_GRAM_TILES=min[:max]: Shampoo::set_gram_tiles(min, max) (default max 8) for every
+// Shampoo cell instead of the build's default, 0 for untiled Gram products (A/B runs of the tiling).
+template <class Opt>
+void apply_gram_tiles(Opt& opt) {
+  const char* e = std::getenv("LATHER_BENCH_GRAM_TILES");
+  if (e == nullptr || *e == '\0') return;
+  char* end = nullptr;
+  const long min_tile = std::strtol(e, &end, 10);
+  long max_tiles = 8;
+  if (end != nullptr && *end == ':') max_tiles = std::strtol(end + 1, &end, 10);
+  if (end == e || (end != nullptr && *end != '\0') || min_tile < 0 || max_tiles < 2) {
+    std::fprintf(stderr, "LATHER_BENCH_GRAM_TILES=%s: give min[:max], min >= 0 (0: off), max >= 2\n", e);
+    std::exit(2);
+  }
+  opt.set_gram_tiles(min_tile, max_tiles);
+}
+
 template <class Strategy>
 std::string shampoo_key(const std::string& set, std::int64_t max_dim, bool root_step) {
   const char* kind = !root_step                                                        ? "/steady"
@@ -717,6 +787,7 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   Opt opt(model.params, shampoo_options(max_dim, root_step ? 1 : 100), Strategy{},
           lather::AdamGrafting{.epsilon = 1e-8});
   if (other_passes) opt.set_batched_passes(!opt.batched_passes());
+  apply_gram_tiles(opt);
   const ExecSpace space;
   opt.step(space, model.grads);
   if (!root_step) {
@@ -728,6 +799,7 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   if (root_step != opt.last_step_info().amortized || opt.last_step_info().grafted)
     fail(state, "the timed steps were not the kind named (amortized / preconditioned)");
   // Two more steps of the same kind (the steady ones stay below step 200), then one counting launches.
+  g_cell = shampoo_key<Strategy>(set, max_dim, root_step);
   const auto [allocs, launches] = counted_steps(state, opt, space, model);
   const WorkAndMemory w = minimal_work(opt, model);
   const auto bytes = static_cast<double>(opt.state_bytes());
@@ -743,6 +815,7 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   state.counters["batched_launches/step"] = static_cast<double>(opt.last_step_info().batched_launches);
   state.counters["batched_gemm_calls/step"] = static_cast<double>(opt.last_step_info().batched_gemm_calls);
   state.counters["split_gram_products/step"] = static_cast<double>(opt.last_step_info().split_gram_products);
+  state.counters["tiled_gram_products/step"] = static_cast<double>(opt.last_step_info().tiled_gram_products);
   state.counters["batched_uploads/step"] = static_cast<double>(opt.last_step_info().batched_uploads);
   state.counters["wide_blocks/step"] = static_cast<double>(opt.last_step_info().wide_blocks);
   const std::string other = other_passes ? (opt.batched_passes() ? "_batched" : "_per_parameter") : "";
@@ -1308,20 +1381,27 @@ void write_summary(const std::string& path, int threads) {
     for (const std::int64_t dim : {256, 1024}) {
       const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
       const Result *st = find(base + "/steady"), *rt = find(base + "/root"), *fs = find(base + "/full_state");
-      if (!st || !rt) continue;
+      if (!st) continue;
       const double rate = st->flops / st->seconds;
-      // F = 100: 99 steady steps and one root step.
-      const double amortized = (99.0 * st->seconds + rt->seconds) / 100.0;
       const double best_rate = st->best_seconds > 0 ? st->flops / st->best_seconds : 0.0;
+      // F = 100: 99 steady steps and one root step; "-" where the run filtered the root step out
+      // (a GPU run's filter: its eigendecompositions run on the host).
+      char root[64] = "- | -", allocs[64];
+      if (rt) {
+        std::snprintf(root, sizeof root, "%.0f ms | %.1f ms", rt->seconds * 1e3,
+                      (99.0 * st->seconds + rt->seconds) / 100.0 * 1e3);
+        std::snprintf(allocs, sizeof allocs, "%.0f, %.0f / %.0f, %.0f", st->heap_allocations, st->kokkos_allocations,
+                      rt->heap_allocations, rt->kokkos_allocations);
+      } else {
+        std::snprintf(allocs, sizeof allocs, "%.0f, %.0f / -", st->heap_allocations, st->kokkos_allocations);
+      }
       std::snprintf(buf, sizeof buf,
-                    "| %s | %lld | %.1f ms | %.2f GFLOP | %.1f | %.0f%% | %.1f ms | %.0f%% | %.0f ms | %.1f ms | %.1f "
-                    "MB | %.1f MB | %.1f MB | %.1f MB | %.0f, %.0f / %.0f, %.0f |\n",
+                    "| %s | %lld | %.1f ms | %.2f GFLOP | %.1f | %.0f%% | %.1f ms | %.0f%% | %s | %.1f MB | %.1f MB | "
+                    "%.1f MB | %.1f MB | %s |\n",
                     s.name.c_str(), static_cast<long long>(dim), st->seconds * 1e3, st->flops * 1e-9,
                     rate * 1e-9, gemm_rate > 0 ? 100.0 * rate / gemm_rate : 0.0, st->best_seconds * 1e3,
-                    gemm_rate > 0 ? 100.0 * best_rate / gemm_rate : 0.0, rt->seconds * 1e3,
-                    amortized * 1e3, st->bytes * 1e-6, st->ref_packed * 1e-6, st->ref_full * 1e-6,
-                    fs ? fs->bytes * 1e-6 : 0.0, st->heap_allocations, st->kokkos_allocations,
-                    rt->heap_allocations, rt->kokkos_allocations);
+                    gemm_rate > 0 ? 100.0 * best_rate / gemm_rate : 0.0, root, st->bytes * 1e-6,
+                    st->ref_packed * 1e-6, st->ref_full * 1e-6, fs ? fs->bytes * 1e-6 : 0.0, allocs);
       out << buf;
     }
   // What symmetric packing can save: it halves (nearly) the factors and inverse factors, never
@@ -1437,10 +1517,11 @@ void write_summary(const std::string& path, int threads) {
     for (const std::int64_t dim : {256, 1024}) {
       const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
       const Result *st = find(base + "/steady"), *rt = find(base + "/root");
-      if (!st || !rt) continue;
-      std::snprintf(buf, sizeof buf, "| %s | %lld | %.2f ms | %.0f | %.0f | %.1f ms | %.0f | %.0f |\n", s.name.c_str(),
-                    static_cast<long long>(dim), st->seconds * 1e3, st->kernels, st->deep_copies, rt->seconds * 1e3,
-                    rt->kernels, rt->deep_copies);
+      if (!st) continue;
+      char root[96] = "- | - | -";  // the run filtered the root step out
+      if (rt) std::snprintf(root, sizeof root, "%.1f ms | %.0f | %.0f", rt->seconds * 1e3, rt->kernels, rt->deep_copies);
+      std::snprintf(buf, sizeof buf, "| %s | %lld | %.2f ms | %.0f | %.0f | %s |\n", s.name.c_str(),
+                    static_cast<long long>(dim), st->seconds * 1e3, st->kernels, st->deep_copies, root);
       out << buf;
     }
   out << "\nRoot inverses on the execution space (A and X in device memory; rel. difference against a "
@@ -1492,7 +1573,10 @@ void write_summary(const std::string& path, int threads) {
 void* operator new(std::size_t n) { return std::malloc(n == 0 ? 1 : n); }
 #else
 void* operator new(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed)) g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (g_counting.load(std::memory_order_relaxed)) {
+    g_heap_allocations.fetch_add(1, std::memory_order_relaxed);
+    trace_allocation();
+  }
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
@@ -1505,6 +1589,15 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard guard(argc, argv);
+  if (const char* e = std::getenv("LATHER_BENCH_ALLOC_TRACE"); e != nullptr && *e != '\0') {
+#if defined(LATHER_BENCH_ALLOC_TRACE)
+    g_trace_limit = std::clamp(std::atoi(e), 0, trace_max);
+    void* warm[2];
+    (void)backtrace(warm, 2);  // loads the unwinder now, not inside a counted step
+#else
+    std::fprintf(stderr, "LATHER_BENCH_ALLOC_TRACE: no backtrace() on this system; ignored\n");
+#endif
+  }
   std::string summary, plot_data, target_rows;
   bool smoke = false;
   std::vector<char*> args;

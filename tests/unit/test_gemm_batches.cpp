@@ -24,6 +24,7 @@
 #include <limits>
 #include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -36,7 +37,8 @@ struct Shape {
 
 // One product through Kokkos Kernels' gemm (a caller's one-by-one routine): op(A) and op(B) are
 // the first rows of their leading dimensions (Kokkos Kernels' device gemm checks A's rows against
-// C's; a chunk of a split product is a slice of a longer X).
+// C's; a chunk of a split product is a slice of a longer X), and so is C (a tile of a Gram
+// product's output is a block of a larger C).
 template <class T, class ExecSpace, class Product>
 void gemm_one(const ExecSpace& space, const Product& q) {
   using M = typename ExecSpace::memory_space;
@@ -48,8 +50,7 @@ void gemm_one(const ExecSpace& space, const Product& q) {
   const char ta[2] = {q.ta, '\0'}, tb[2] = {q.tb, '\0'};
   const auto ma = sub(q.a, q.lda, q.ta == 'N' ? q.m : q.k, q.ta == 'N' ? q.k : q.m);
   const auto mb = sub(q.b, q.ldb, q.tb == 'N' ? q.k : q.n, q.tb == 'N' ? q.n : q.k);
-  const matrix mc(q.c, static_cast<std::size_t>(q.ldc), static_cast<std::size_t>(q.n));
-  lather::impl::kernels::gemm(space, ta, tb, T(1), ma, mb, T(0), mc);
+  lather::impl::kernels::gemm(space, ta, tb, T(1), ma, mb, T(0), sub(q.c, q.ldc, q.m, q.n));
 }
 
 template <class T, class ExecSpace>
@@ -286,6 +287,71 @@ void impl_test_gemm_batches() {
   CHECK(batches.run(space, one) == 0);
 }
 
+// Gram products X^T X ('T','N', X k x m) and X X^T ('N','T', X m x k) with X's entries multiples
+// of 1/2 in [-1, 1]: every product is a multiple of 1/4 and every partial sum of the sizes below
+// (at most 5000 in magnitude, 20000 quarters < 2^24) is exact in float, so whatever the order of
+// the sums (chunks, tiles, cuBLAS' blocking) the result is the exact Gram matrix.
+struct GramShape {
+  bool transpose_first;  // X^T X of a k x m X ('T','N'), else X X^T of an m x k X ('N','T')
+  std::int64_t m, k, pad;  // pad: X's leading dimension beyond the least it can be
+  bool gram = true;
+  std::int64_t expect = 0;  // what the test expects run() to make of it (chunks, tiles per side)
+};
+template <class T, class ExecSpace>
+struct GramProducts {
+  using M = typename ExecSpace::memory_space;
+  using Product = typename lather::impl::blas::GemmBatches<ExecSpace, T, M>::Product;
+  std::vector<GramShape> grams;
+  std::vector<std::int64_t> x_at, c_at;
+  std::int64_t c_total = 0;
+  std::vector<double> hx;
+  Kokkos::View<T*, M> x;
+
+  GramProducts(std::vector<GramShape> shapes, std::uint64_t seed) : grams(std::move(shapes)) {
+    std::int64_t x_total = 0;
+    for (const auto& g : grams) {
+      x_at.push_back(x_total);
+      c_at.push_back(c_total);
+      x_total += ld(g) * (g.transpose_first ? g.m : g.k);
+      c_total += g.m * g.m;
+    }
+    hx = lather::test::random_values(static_cast<std::size_t>(x_total), seed);
+    for (auto& v : hx) v = std::round(2.0 * v) / 2.0;
+    x = Kokkos::View<T*, M>("x", static_cast<std::size_t>(x_total));
+    auto mx = Kokkos::create_mirror_view(x);
+    for (std::size_t i = 0; i < hx.size(); ++i) mx(i) = static_cast<T>(hx[i]);
+    Kokkos::deep_copy(x, mx);
+  }
+  static std::int64_t ld(const GramShape& g) { return (g.transpose_first ? g.k : g.m) + g.pad; }  // X's lda
+  // Product p writing its m x m output at its place in `out`.
+  Product product(std::size_t p, const Kokkos::View<T*, M>& out) const {
+    const GramShape& g = grams[p];
+    Product q;
+    q.ta = g.transpose_first ? 'T' : 'N';
+    q.tb = g.transpose_first ? 'N' : 'T';
+    q.m = q.n = g.m;
+    q.k = g.k;
+    q.a = q.b = x.data() + x_at[p];
+    q.lda = q.ldb = ld(g);
+    q.c = out.data() + c_at[p];
+    q.ldc = g.m;
+    q.gram = g.gram;
+    return q;
+  }
+  // Entry (i, j) of product p, exactly.
+  double exact(std::size_t p, std::int64_t i, std::int64_t j) const {
+    const GramShape& g = grams[p];
+    const std::int64_t l_d = ld(g);
+    long double sum = 0;
+    for (std::int64_t l = 0; l < g.k; ++l) {
+      const auto xi = static_cast<std::size_t>(x_at[p] + (g.transpose_first ? l + i * l_d : i + l * l_d));
+      const auto xj = static_cast<std::size_t>(x_at[p] + (g.transpose_first ? l + j * l_d : j + l * l_d));
+      sum += static_cast<long double>(hx[xi]) * hx[xj];
+    }
+    return static_cast<double>(sum);
+  }
+};
+
 // Split deep Gram products (set_split): X^T X and X X^T of small outputs from long reductions run
 // as chunks of the reduction into partial outputs that one kernel adds. Forced on here with chunk
 // 2048 on every space (the default is on only where the BLAS batches); the one-by-one routine
@@ -298,51 +364,18 @@ template <class T, class ExecSpace>
 void impl_test_gemm_batches_split() {
   using M = typename ExecSpace::memory_space;
   using Batches = lather::impl::blas::GemmBatches<ExecSpace, T, M>;
-  struct Gram {
-    bool transpose_first;  // X^T X of a k x m X ('T','N'), else X X^T of an m x k X ('N','T')
-    std::int64_t m, k, pad;
-    bool gram = true;
-    std::int64_t chunks = 1;  // what run() should make of it with max output 32, chunk 2048
-  };
   // Split: 3 x 3 from 5000 (chunks 2048, 2048, 904), twice (a group of chunks of two products),
   // once with a padded X; 13 x 13 from 4096 (exactly two chunks) as X X^T with padding; 1 x 1 from
   // 2049 (2048 + 1); 32 x 32 from 2049 (the largest output split). Not split: 33 x 33 from 6000
   // (too wide), 13 x 13 from 2048 (not deeper than a chunk), 2 x 2 from 5000 not a Gram product.
-  const std::vector<Gram> grams{{true, 3, 5000, 0, true, 3},  {false, 13, 4096, 2, true, 2}, {true, 3, 5000, 0, true, 3},
-                                {true, 33, 6000, 0, true, 1}, {true, 1, 2049, 0, true, 2},   {true, 13, 2048, 0, true, 1},
-                                {true, 3, 5000, 5, true, 3},  {true, 2, 5000, 0, false, 1},  {true, 32, 2049, 0, true, 2}};
-  const auto rows_of = [](const Gram& g) { return (g.transpose_first ? g.k : g.m) + g.pad; };  // X's lda
-  const auto cols_of = [](const Gram& g) { return g.transpose_first ? g.m : g.k; };
-  std::vector<std::int64_t> x_at, c_at;
-  std::int64_t x_total = 0, c_total = 0;
-  for (const auto& g : grams) {
-    x_at.push_back(x_total);
-    c_at.push_back(c_total);
-    x_total += rows_of(g) * cols_of(g);
-    c_total += g.m * g.m;
-  }
-  Kokkos::View<T*, M> x("x", static_cast<std::size_t>(x_total)), c("c", static_cast<std::size_t>(c_total)),
-      c_plain("c_plain", static_cast<std::size_t>(c_total));
-  const auto hx = lather::test::random_values(static_cast<std::size_t>(x_total), 21);
-  {
-    auto mx = Kokkos::create_mirror_view(x);
-    for (std::size_t i = 0; i < hx.size(); ++i) mx(i) = static_cast<T>(std::round(2.0 * hx[i]) / 2.0);
-    Kokkos::deep_copy(x, mx);
-  }
-  auto product = [&](std::size_t p, const Kokkos::View<T*, M>& out) {
-    const Gram& g = grams[p];
-    typename Batches::Product q;
-    q.ta = g.transpose_first ? 'T' : 'N';
-    q.tb = g.transpose_first ? 'N' : 'T';
-    q.m = q.n = g.m;
-    q.k = g.k;
-    q.a = q.b = x.data() + x_at[p];
-    q.lda = q.ldb = rows_of(g);
-    q.c = out.data() + c_at[p];
-    q.ldc = g.m;
-    q.gram = g.gram;
-    return q;
-  };
+  // `expect`: the chunks run() should make of each with max output 32, chunk 2048.
+  const GramProducts<T, ExecSpace> set({{true, 3, 5000, 0, true, 3},  {false, 13, 4096, 2, true, 2}, {true, 3, 5000, 0, true, 3},
+                                        {true, 33, 6000, 0, true, 1}, {true, 1, 2049, 0, true, 2},   {true, 13, 2048, 0, true, 1},
+                                        {true, 3, 5000, 5, true, 3},  {true, 2, 5000, 0, false, 1},  {true, 32, 2049, 0, true, 2}},
+                                       21);
+  const auto& grams = set.grams;
+  Kokkos::View<T*, M> c("c", static_cast<std::size_t>(set.c_total)), c_plain("c_plain", static_cast<std::size_t>(set.c_total));
+  auto product = [&](std::size_t p, const Kokkos::View<T*, M>& out) { return set.product(p, out); };
   const ExecSpace space;
   std::int64_t one_calls = 0;
   auto one = [&](const typename Batches::Product& q) {
@@ -354,20 +387,12 @@ void impl_test_gemm_batches_split() {
     space.fence();
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
     for (std::size_t p = 0; p < grams.size(); ++p) {
-      const Gram& g = grams[p];
-      const std::int64_t ld = rows_of(g);
+      const GramShape& g = grams[p];
       double worst = 0;
       for (std::int64_t j = 0; j < g.m; ++j)
-        for (std::int64_t i = j; i < g.m; ++i) {
-          long double sum = 0;
-          for (std::int64_t l = 0; l < g.k; ++l) {
-            const auto xi = static_cast<std::size_t>(x_at[p] + (g.transpose_first ? l + i * ld : i + l * ld));
-            const auto xj = static_cast<std::size_t>(x_at[p] + (g.transpose_first ? l + j * ld : j + l * ld));
-            sum += static_cast<long double>(std::round(2.0 * hx[xi]) / 2.0) * (std::round(2.0 * hx[xj]) / 2.0);
-          }
-          worst = std::max(worst, std::abs(static_cast<double>(h(static_cast<std::size_t>(c_at[p] + i + j * g.m))) -
-                                           static_cast<double>(sum)));
-        }
+        for (std::int64_t i = j; i < g.m; ++i)
+          worst = std::max(worst, std::abs(static_cast<double>(h(static_cast<std::size_t>(set.c_at[p] + i + j * g.m))) -
+                                           set.exact(p, i, j)));
       CAPTURE(p);
       CHECK(worst == 0.0);
     }
@@ -381,9 +406,9 @@ void impl_test_gemm_batches_split() {
   std::int64_t split_count = 0, pieces = 0;
   for (std::size_t p = 0; p < grams.size(); ++p) {
     CAPTURE(p);
-    CHECK(batches.splits(product(p, c)) == (grams[p].chunks > 1));
-    split_count += grams[p].chunks > 1 ? 1 : 0;
-    pieces += grams[p].chunks;
+    CHECK(batches.splits(product(p, c)) == (grams[p].expect > 1));
+    split_count += grams[p].expect > 1 ? 1 : 0;
+    pieces += grams[p].expect;
   }
   CHECK(batches.chunk_rows(product(0, c)) == 2048);
   CHECK(batches.chunk_rows(product(5, c)) == 2048);
@@ -463,7 +488,130 @@ void impl_test_gemm_batches_split() {
   check_values(c_plain);
 }
 
+// Tiled Gram products (set_tiles): X^T X and X X^T computed as their tiles on and below the
+// diagonal, batched by tile shape. Forced on here with tiles of at least 2 rows, at most 4 per
+// side, on every space (the default is on only where the BLAS batches: tiles of 128 rows or more,
+// at most 8 per side).
+// Exact sums as in the split test (X's entries multiples of 1/2), so a tile missed, repeated or
+// misplaced shows as a difference; C is filled with a sentinel first, which the tiles above the
+// diagonal must keep (they are not computed) and every other entry must lose.
+template <class T, class ExecSpace>
+void impl_test_gemm_batches_tiles() {
+  using M = typename ExecSpace::memory_space;
+  using Batches = lather::impl::blas::GemmBatches<ExecSpace, T, M>;
+  // Tiled: 8 x 8 from 24 (4 x 4 tiles of 2 rows; twice, one group of 20 tiles), 12 x 12 from 40
+  // as X X^T with a padded X (4 x 4 tiles of 3), 6 x 6 from 30 (3 x 3 tiles of 2: 4 does not
+  // divide 6). Not tiled: 8 x 8 from 200 (deeper than the depth ratio, 16 x 8, lets a product
+  // batch), 3 x 3 (a tile would have 1 row), 5 x 5 (no divisor), an 8 x 8 that is not a Gram
+  // product; 8 x 8 from 128 (the deepest that batches) is tiled. `expect`: the tiles per side
+  // run() should make of each with tiles of at least 2 rows, at most 4 per side.
+  const GramProducts<T, ExecSpace> set({{true, 8, 24, 0, true, 4},  {false, 12, 40, 3, true, 4}, {true, 6, 30, 0, true, 3},
+                                        {true, 8, 200, 0, true, 0}, {true, 3, 10, 0, true, 0},   {true, 8, 24, 0, false, 0},
+                                        {true, 5, 20, 0, true, 0},  {true, 8, 24, 0, true, 4},   {true, 8, 128, 0, true, 4}},
+                                       31);
+  const auto& grams = set.grams;
+  Kokkos::View<T*, M> c("c", static_cast<std::size_t>(set.c_total));
+  auto product = [&](std::size_t p) { return set.product(p, c); };
+  const ExecSpace space;
+  std::int64_t one_calls = 0;
+  auto one = [&](const typename Batches::Product& q) {
+    ++one_calls;
+    gemm_one<T>(space, q);
+  };
+  constexpr double sentinel = 7.25;
+  auto check_values = [&](bool tiled) {
+    space.fence();
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
+    for (std::size_t p = 0; p < grams.size(); ++p) {
+      const GramShape& g = grams[p];
+      const std::int64_t t = g.expect > 0 && tiled ? g.m / g.expect : g.m;
+      std::int64_t wrong = 0, kept = 0, expected_kept = 0;
+      for (std::int64_t j = 0; j < g.m; ++j)
+        for (std::int64_t i = 0; i < g.m; ++i) {
+          const double got = static_cast<double>(h(static_cast<std::size_t>(set.c_at[p] + i + j * g.m)));
+          if (i / t < j / t) {  // a tile above the diagonal: not computed
+            ++expected_kept;
+            kept += got == sentinel ? 1 : 0;
+            continue;
+          }
+          wrong += got == set.exact(p, i, j) ? 0 : 1;
+        }
+      CAPTURE(p);
+      CHECK(wrong == 0);
+      CHECK(kept == expected_kept);
+    }
+  };
+
+  Batches batches;
+  CHECK(batches.tile_min() == (Batches::batched_blas ? 128 : 0));
+  CHECK(batches.tile_max() == 8);
+  batches.set_tiles(2, 4);
+  CHECK_THROWS_WITH_AS(batches.set_tiles(-1, 4), doctest::Contains("min_tile = -1"), lather::invalid_argument);
+  CHECK_THROWS_WITH_AS(batches.set_tiles(2, 1), doctest::Contains("max_tiles = 1"), lather::invalid_argument);
+  CHECK(batches.tile_min() == 2);  // unchanged by the refused calls
+  CHECK(batches.tile_max() == 4);
+  std::int64_t tiled = 0, tiles = 0, plain = 0;
+  for (std::size_t p = 0; p < grams.size(); ++p) {
+    CAPTURE(p);
+    CHECK(batches.tiles(product(p)) == grams[p].expect);
+    tiled += grams[p].expect > 0 ? 1 : 0;
+    tiles += grams[p].expect * (grams[p].expect + 1) / 2;
+    plain += grams[p].expect > 0 ? 0 : 1;
+  }
+  auto step = [&] {
+    batches.begin_step();
+    for (std::size_t p = 0; p < grams.size(); ++p) batches.add(product(p));
+    one_calls = 0;
+    const std::int64_t calls = batches.run(space, one);
+    CHECK(batches.tiled_products() == tiled);
+    CHECK(batches.split_products() == 0);
+    std::int64_t tile_groups = 0, tile_products = 0, plain_groups = 0;
+    for (const auto& grp : batches.groups()) {
+      tile_groups += grp.tile ? 1 : 0;
+      tile_products += grp.tile ? grp.count : 0;
+      plain_groups += grp.tile ? 0 : 1;
+      if (grp.tile) CHECK(batches.fits_batch(grp));
+    }
+    CHECK(tile_products == tiles);
+    // 2 x 2 from 24 (products 0 and 7), 3 x 3 from 40 (lda 15), 2 x 2 from 30, 2 x 2 from 128;
+    // the untiled four are shapes of their own.
+    CHECK(tile_groups == 4);
+    CHECK(plain_groups == plain);
+    CHECK(calls == (Batches::batched_blas ? tile_groups + plain_groups : tile_products + plain_groups));
+    CHECK(one_calls == (Batches::batched_blas ? plain_groups : tile_products + plain_groups));
+  };
+  Kokkos::deep_copy(c, T(sentinel));
+  step();
+  const auto uploads = batches.uploads();
+  check_values(true);
+  // A steady step: the same tiles at the same places; nothing uploaded.
+  Kokkos::deep_copy(c, T(sentinel));
+  step();
+  CHECK(batches.uploads() == uploads);
+  check_values(true);
+  // A copy keeps the setting.
+  Batches copy = batches;
+  CHECK(copy.tile_min() == 2);
+  CHECK(copy.tile_max() == 4);
+  // Off: nothing tiled, every entry computed.
+  batches.set_tiles(0, 4);
+  for (std::size_t p = 0; p < grams.size(); ++p) CHECK(batches.tiles(product(p)) == 0);
+  Kokkos::deep_copy(c, T(sentinel));
+  batches.begin_step();
+  for (std::size_t p = 0; p < grams.size(); ++p) batches.add(product(p));
+  batches.run(space, one);
+  CHECK(batches.tiled_products() == 0);
+  check_values(false);
+}
+
 }  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("GemmBatches: Gram products of large outputs computed as their lower-triangle tiles",
+                          ExecSpace, gemm_batches_tiles) {
+  impl_test_gemm_batches_tiles<float, ExecSpace>();
+  impl_test_gemm_batches_tiles<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(gemm_batches_tiles, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("GemmBatches: deep Gram products of small outputs split into batched chunks and added",
                           ExecSpace, gemm_batches_split) {

@@ -200,6 +200,8 @@ struct ShampooStepInfo {
   std::int64_t batched_gemm_calls = 0;
   /// Deep Gram products of small factors the batched passes ran as chunks (set_gram_split)
   std::int64_t split_gram_products = 0;
+  /// Gram products of large factors the batched passes ran as lower-triangle tiles (set_gram_tiles)
+  std::int64_t tiled_gram_products = 0;
   /// Host-to-memory-space copies the batched passes made: job tables and product pointer arrays
   /// that differ from what the memory space holds from the previous step (a steady step with
   /// constant options copies only the tables with per-step scalars)
@@ -540,6 +542,23 @@ class Shampoo {
   }
   [[nodiscard]] std::int64_t gram_split_max_output() const noexcept { return m_gemm_batches.split_max_output(); }
   [[nodiscard]] std::int64_t gram_split_chunk() const noexcept { return m_gemm_batches.split_chunk(); }
+  /// \brief How the batched passes compute the Gram products of large factors: a factor of d rows
+  /// whose Gram product sums at most 16 d terms (one the batched BLAS takes) and whose d x d Gram
+  /// matrix splits into nt x nt tiles of at least `min_tile` rows (nt the largest of
+  /// 2..`max_tiles` dividing d) has only the
+  /// nt (nt + 1) / 2 tiles on and below the diagonal computed, batched by shape with the other
+  /// products (impl::blas::GemmBatches::set_tiles). A batched GEMM computes the whole Gram matrix,
+  /// twice a SYRK's work, of which the factor update reads one triangle; there is no batched
+  /// SYRK. `min_tile` 0 turns it off. Default: 128 and 8 where the BLAS batches (CUDA), off
+  /// elsewhere (the host BLAS runs a SYRK). The results agree with untiled products up to the
+  /// sums' rounding. Call it outside step().
+  void set_gram_tiles(std::int64_t min_tile, std::int64_t max_tiles = 8) {
+    LATHER_THROW_IF(min_tile < 0 || max_tiles < 2, "lather::Shampoo::set_gram_tiles: min_tile = ", min_tile,
+                    " must be >= 0 (0 turns tiling off) and max_tiles = ", max_tiles, " must be >= 2");
+    m_gemm_batches.set_tiles(min_tile, max_tiles);
+  }
+  [[nodiscard]] std::int64_t gram_tile_min() const noexcept { return m_gemm_batches.tile_min(); }
+  [[nodiscard]] std::int64_t gram_tile_max() const noexcept { return m_gemm_batches.tile_max(); }
   /// Whether these options allow the batched passes (see set_batched_passes).
   [[nodiscard]] bool batched_passes_possible() const noexcept {
     if constexpr (!batched_kind) {
@@ -3456,6 +3475,10 @@ class Shampoo {
         gram_chunk(space, p);
         return;
       }
+      if (p.tile) {
+        gram_tile(space, p);
+        return;
+      }
       const auto a = blas_matrix(const_cast<value_type*>(p.a), p.lda, p.ta == 'N' ? p.k : p.m);
       const auto c = blas_matrix(p.c, p.ldc, p.n);
       if (p.gram) {
@@ -3467,6 +3490,27 @@ class Shampoo {
            value_type(0), c);
     });
     m_info.split_gram_products += m_gemm_batches.split_products();
+    m_info.tiled_gram_products += m_gemm_batches.tiled_products();
+  }
+
+  // A tile of a tiled Gram product (set_gram_tiles) where the BLAS has no batched form: a plain
+  // product whose A, B and C leading dimensions exceed the rows it reads and writes.
+  static void gram_tile(const ExecSpace& space, const typename gemm_batches_type::Product& p) {
+    if constexpr (host_products) {
+      // GemmBatches::tiles() checked that the sizes and leading dimensions fit the BLAS' int.
+      space.fence();
+      impl::blas::split::gemm<value_type>(&space, p.ta, p.tb, p.m, p.n, p.k, value_type(1), p.a, p.lda, p.b, p.ldb,
+                                          value_type(0), p.c, p.ldc);
+    } else {
+      const auto rows = [](const value_type* x, std::int64_t ld, std::int64_t r, std::int64_t c) {
+        return Kokkos::subview(blas_matrix(const_cast<value_type*>(x), ld, c), Kokkos::make_pair(std::int64_t(0), r),
+                               Kokkos::ALL);
+      };
+      const bool ta = p.ta == 'T', tb = p.tb == 'T';
+      const char sa[2] = {p.ta, '\0'}, sb[2] = {p.tb, '\0'};
+      impl::kernels::gemm(space, sa, sb, value_type(1), rows(p.a, p.lda, ta ? p.k : p.m, ta ? p.m : p.k),
+                          rows(p.b, p.ldb, tb ? p.n : p.k, tb ? p.k : p.n), value_type(0), rows(p.c, p.ldc, p.m, p.n));
+    }
   }
 
   // A chunk of a split Gram product (set_gram_split) where the BLAS has no batched form (the

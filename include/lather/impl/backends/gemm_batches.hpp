@@ -36,6 +36,18 @@
 /// 6.30-6.32 to 5.86-5.91 ms at block size 256 and from 8.90-8.93 to 8.62-8.71 ms at 1024
 /// (docs/performance.md, "On a GPU", twenty-fifth round). Larger outputs stay as they were: split,
 /// 8 products of 128 x 128 from 32768 took 893 us, one by one 351 us.
+///
+/// Large Gram products are tiled where the BLAS batches (set_tiles(); default tiles of at least
+/// 128 rows, at most 8 per side): a batched GEMM computes the whole d x d output of X^T X
+/// although only its lower triangle is read, twice a SYRK's work, and cuBLAS has no batched
+/// SYRK. With the output cut into nt x nt tiles of d / nt rows, only the nt (nt + 1) / 2 tiles on
+/// and below the diagonal are computed, as products of column panels of X (3 of 4 tiles at nt =
+/// 2, 10 of 16 at nt = 4, 36 of 64 at nt = 8), batched by shape with every other product of the
+/// run. On an H200 this made the steady steps 6% (gpt2-block, 256 x 256 blocks) to 11%
+/// (gpt2-block at block size 1024) shorter, resnet50's 1.5-2.5%, mlp's unchanged; of the
+/// settings tried (tiles of at least 64, 128 or 256 rows, at most 4 or 8 per side) 128 and 8 was
+/// the best or within 1% of it in every cell (docs/performance.md, "On a GPU", fifteenth session
+/// of 2026-11-30).
 #ifndef LATHER_IMPL_BACKENDS_GEMM_BATCHES_HPP
 #define LATHER_IMPL_BACKENDS_GEMM_BATCHES_HPP
 
@@ -86,6 +98,10 @@ class GemmBatches {
     /// A chunk of a split product's reduction (set by run(), not by callers): A's and B's leading
     /// dimensions may exceed the rows op(A) and op(B) read.
     bool chunk = false;
+    /// A tile of a tiled Gram product's lower triangle (set by run(), not by callers): a plain
+    /// product (gram false) whose A, B and C leading dimensions exceed the rows op(A), op(B)
+    /// and C hold.
+    bool tile = false;
   };
   /// Products of one shape: `count` products whose A, B, C pointers are at `first`, `first +
   /// count` and `first + 2 count` of pointer_table().
@@ -94,6 +110,7 @@ class GemmBatches {
     std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
     std::int64_t count = 0, first = 0;
     bool chunk = false;  // chunks of split products: one batched call also for a single product
+    bool tile = false;   // tiles of Gram products: likewise
   };
   /// A split product's partial outputs (`chunks` m x m matrices, one after the other) to be added
   /// into its C. Public only because nvcc's kernel stubs name the kernel's types outside the class.
@@ -135,13 +152,17 @@ class GemmBatches {
   /// (a host BLAS call splits a deep product over its threads itself); chunks of 2048.
   static constexpr std::int64_t default_split_max_output = batched_blas ? 32 : 0;
   static constexpr std::int64_t default_split_chunk = 2048;
+  /// Default tiling of Gram products (set_tiles): tiles of at least this many rows where the BLAS
+  /// batches, none elsewhere (a host SYRK computes one triangle already).
+  static constexpr std::int64_t default_tile_min = batched_blas ? 128 : 0;
+  static constexpr std::int64_t default_tile_max = 8;
 
   GemmBatches() = default;
   // A copy gets pointer arrays (and a cuBLAS handle) of its own: a shared array would hold the
   // other copy's pointers where this one's record says its own are.
   GemmBatches(const GemmBatches& other)
       : m_depth_ratio(other.m_depth_ratio), m_split_max_output(other.m_split_max_output),
-        m_split_chunk(other.m_split_chunk) {
+        m_split_chunk(other.m_split_chunk), m_tile_min(other.m_tile_min), m_tile_max(other.m_tile_max) {
     reserve(static_cast<std::int64_t>(other.m_pointers.extent(0)) / 3);
   }
   GemmBatches& operator=(const GemmBatches& other) {
@@ -204,10 +225,40 @@ class GemmBatches {
     const double deep = static_cast<double>(m_depth_ratio) * static_cast<double>(p.m);
     return deep >= static_cast<double>(p.k) ? p.k : std::max(static_cast<std::int64_t>(deep), m_split_chunk);
   }
+  /// Gram products (B == A, 'T','N' or 'N','T', not split) of d >= 2 `min_tile` rows that are
+  /// shallow enough to batch (k <= depth_ratio() d) computed as the tiles on and below the
+  /// diagonal of an nt x nt tiling (file comment): nt the largest of 2..`max_tiles` that divides
+  /// d into tiles of at least `min_tile` rows. A tile sums as many terms as its product: one
+  /// product's tiles are at least 3 products in a batched call, where the product alone would be
+  /// one. `min_tile` 0 turns it off. Where it is
+  /// on, the one-by-one routine given to run() must read A, B and C with their leading dimensions
+  /// (a tile's exceed its rows), as it runs the tiles where there is no batched BLAS.
+  void set_tiles(std::int64_t min_tile, std::int64_t max_tiles) {
+    LATHER_THROW_IF(min_tile < 0 || max_tiles < 2, "lather::GemmBatches::set_tiles: min_tile = ", min_tile,
+                    " must be >= 0 (0: off) and max_tiles = ", max_tiles, " >= 2");
+    m_tile_min = min_tile;
+    m_tile_max = max_tiles;
+  }
+  [[nodiscard]] std::int64_t tile_min() const noexcept { return m_tile_min; }
+  [[nodiscard]] std::int64_t tile_max() const noexcept { return m_tile_max; }
+  /// The tiles per side set_tiles() cuts the Gram product `p` into; 0 where it is not tiled.
+  [[nodiscard]] std::int64_t tiles(const Product& p) const noexcept {
+    if (m_tile_min == 0 || !p.gram || p.chunk || p.tile || p.m != p.n || splits(p) ||
+        !((p.ta == 'T' && p.tb == 'N') || (p.ta == 'N' && p.tb == 'T')) || !fits_int(p.k) || !fits_int(p.lda) ||
+        !fits_int(p.ldb) || !fits_int(p.ldc))
+      return 0;
+    // In double: ratio m of int64 sizes can overflow.
+    if (static_cast<double>(p.k) > static_cast<double>(m_depth_ratio) * static_cast<double>(p.m)) return 0;
+    for (std::int64_t nt = std::min(m_tile_max, p.m / std::max<std::int64_t>(m_tile_min, 1)); nt >= 2; --nt)
+      if (p.m % nt == 0 && fits_int(p.m / nt)) return nt;
+    return 0;
+  }
+  /// Gram products the last run tiled.
+  [[nodiscard]] std::int64_t tiled_products() const noexcept { return m_tiled_count; }
   /// Whether group `grp` is one batched call where the BLAS batches (batched_blas): more than one
   /// product, shallow enough, and sizes the BLAS' int takes; chunks of split products always.
   [[nodiscard]] bool fits_batch(const Group& grp) const noexcept {
-    if (grp.chunk) return true;  // splits() checked their sizes
+    if (grp.chunk || grp.tile) return true;  // splits() and tiles() checked their sizes
     // In double: ratio max(m, n) of int64 sizes can overflow.
     return grp.count > 1 &&
            static_cast<double>(grp.k) <=
@@ -224,7 +275,8 @@ class GemmBatches {
   /// runs one product (groups the batched BLAS cannot take, and everything where there is none).
   template <class OneByOne>
   std::int64_t run(const ExecSpace& space, OneByOne&& one) {
-    m_reduction_count = 0;  // also for a run with nothing queued (split_products())
+    m_reduction_count = 0;  // also for a run with nothing queued (split_products(), tiled_products())
+    m_tiled_count = 0;
     if (m_queue.empty()) return 0;
     std::int64_t calls = 0;
     split_deep(space);
@@ -273,7 +325,7 @@ class GemmBatches {
     for (const Product& p : m_queue) {
       std::size_t g = 0;
       while (g < m_groups.size() && !same_shape(m_groups[g], p)) ++g;
-      if (g == m_groups.size()) m_groups.push_back({p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, 0, 0, p.chunk});
+      if (g == m_groups.size()) m_groups.push_back({p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, 0, 0, p.chunk, p.tile});
       ++m_groups[g].count;
       m_group_of.push_back(g);
     }
@@ -334,23 +386,28 @@ class GemmBatches {
 
   static bool same_shape(const Group& g, const Product& p) noexcept {
     return g.ta == p.ta && g.tb == p.tb && g.m == p.m && g.n == p.n && g.k == p.k && g.lda == p.lda &&
-           g.ldb == p.ldb && g.ldc == p.ldc && g.chunk == p.chunk;
+           g.ldb == p.ldb && g.ldc == p.ldc && g.chunk == p.chunk && g.tile == p.tile;
   }
 
   // Replaces the queue's split products by their chunks, writing partial outputs at this step's
   // next positions of m_partials (so that steady steps keep the same pointers), and records their
-  // Reductions. Earlier runs' chunks and adds of the step are ordered before on `space`.
+  // Reductions; and tiled Gram products by their tiles. Earlier runs' chunks and adds of the step
+  // are ordered before on `space`.
   void split_deep(const ExecSpace& space) {
     m_reduction_count = 0;
-    if (m_split_max_output == 0) return;
+    m_tiled_count = 0;
+    if (m_split_max_output == 0 && m_tile_min == 0) return;
     std::int64_t need = 0, pieces = 0;
-    for (const Product& p : m_queue)
+    for (const Product& p : m_queue) {
       if (splits(p)) {
         const std::int64_t chunks = (p.k + chunk_rows(p) - 1) / chunk_rows(p);
         need += chunks * p.m * p.m;
         pieces += chunks;
+      } else if (const std::int64_t nt = tiles(p); nt > 0) {
+        pieces += nt * (nt + 1) / 2;
       }
-    if (need == 0) return;
+    }
+    if (pieces == 0) return;
     if (m_partial_cursor + need > static_cast<std::int64_t>(m_partials.extent(0))) {
       space.fence();  // earlier chunks and adds may still use the old partials
       m_partials = Kokkos::View<T*, MemorySpace>(
@@ -364,6 +421,24 @@ class GemmBatches {
     m_split_queue.clear();
     m_reductions.clear();
     for (const Product& p : m_queue) {
+      if (const std::int64_t nt = tiles(p); nt > 0) {
+        // Tile (r, c), r >= c, of C: rows r t.. of op(A) = X^T ('T','N': X's columns r t..; 'N','T':
+        // X's rows r t..) times columns c t.. of op(B).
+        const std::int64_t t = p.m / nt;
+        for (std::int64_t c = 0; c < nt; ++c)
+          for (std::int64_t r = c; r < nt; ++r) {
+            Product q = p;
+            q.m = q.n = t;
+            q.a = p.a + (p.ta == 'T' ? r * t * p.lda : r * t);
+            q.b = p.b + (p.ta == 'T' ? c * t * p.ldb : c * t);
+            q.c = p.c + r * t + c * t * p.ldc;
+            q.gram = false;
+            q.tile = true;
+            m_split_queue.push_back(q);
+          }
+        ++m_tiled_count;
+        continue;
+      }
       if (!splits(p)) {
         m_split_queue.push_back(p);
         continue;
@@ -483,6 +558,7 @@ class GemmBatches {
   std::int64_t m_cursor = 0, m_uploads = 0;
   std::int64_t m_depth_ratio = default_depth_ratio;
   std::int64_t m_split_max_output = default_split_max_output, m_split_chunk = default_split_chunk;
+  std::int64_t m_tile_min = default_tile_min, m_tile_max = default_tile_max, m_tiled_count = 0;
   std::vector<Product> m_split_queue;
   std::vector<Reduction> m_reductions, m_reductions_uploaded;  // this run's; what the memory space holds
   Kokkos::View<T*, MemorySpace> m_partials;

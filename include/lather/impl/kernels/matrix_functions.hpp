@@ -183,14 +183,26 @@ struct CountNonFiniteMatrix {
 ///
 /// Host data used by a host execution space goes straight to the host BLAS (impl/backends/blas.hpp:
 /// any contiguous layout, no label strings, no allocation); the rest through Kokkos Kernels.
+/// The default instance of `Space`, one handle for the process: Kokkos 3.4's default constructors
+/// of device spaces allocate (a HostSharedPtr's control block), which a step must not do per
+/// product. Its state (stream, fences) is the default instance's current one.
+template <class Space>
+const Space& default_instance() {
+  static const Space instance;
+  return instance;
+}
+
 template <class ExecSpace, class CV>
 bool same_stream_as_gemm([[maybe_unused]] const ExecSpace& space) {
 #if defined(KOKKOS_ENABLE_CUDA)
   // Kokkos Kernels' cuBLAS product runs on the stream of CV's default instance (3.4: cuBLAS'
   // default stream, which is the Kokkos 3.4 default instance's; 4.x sets that instance's stream).
   if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda> &&
-                std::is_same_v<typename CV::execution_space, Kokkos::Cuda>)
-    return space.cuda_stream() == Kokkos::Cuda().cuda_stream();
+                std::is_same_v<typename CV::execution_space, Kokkos::Cuda>) {
+    // Not a Kokkos::Cuda() per product: the suite counted its allocation once per product of a
+    // steady step on an H200 (docs/performance.md, "On a GPU", fifteenth session).
+    return space.cuda_stream() == default_instance<Kokkos::Cuda>().cuda_stream();
+  }
 #endif
   return false;  // host spaces (synchronous BLAS) and HIP (not measured on a GPU): fenced
 }
@@ -205,7 +217,7 @@ void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b,
     if (blas::gemm_views(trans_a[0], trans_b[0], alpha, a, b, beta, c)) return;
   }
   KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
-  if (!ordered) typename CV::execution_space().fence();
+  if (!ordered) default_instance<typename CV::execution_space>().fence();
 }
 
 // ---- launcher -------------------------------------------------------------------------------------
