@@ -4,7 +4,9 @@
 // row-wise factor-combine and triangle-unpack kernels against their element-wise forms (bit for
 // bit), the SYRK Gram product and the SYRK
 // form of Q diag(s) Q^T against their definitions, the small SYRK and SYMM shapes lather runs in
-// its own loops (every dimension up to a vector register) against theirs, and the allocation rules: after the first
+// its own loops (every dimension up to a vector register) against theirs, the register tiles'
+// SYRK (order 17 to 1024) and SYMM 'R' (order 17 to 256) against theirs and the tiles' side fetch
+// (no bit changed), and the allocation rules: after the first
 // call of a size, a host product and an EigenRootInverse root allocate nothing on the heap (this
 // executable replaces the global operator new to count; host compilers only, as the benchmark).
 //
@@ -398,6 +400,148 @@ TEST_CASE("host BLAS: SYRK 'N' and 'T' of order 17 to 1024 (register tiles on AV
   MESSAGE("tiled SYRK on this CPU: ", std::string(lather::impl::blas::tiled::takes<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"));
   check_tiled_syrk<float>();
   check_tiled_syrk<double>();
+}
+
+namespace {
+// SYMM with side 'R', C (m x d) = alpha B A + beta C, A symmetric from one triangle: lather's
+// register tiles (tiled_symm.hpp) for d from min_dim to 256 on AVX-512 CPUs (floats with d above
+// 128 up to m = 1024), the BLAS elsewhere. Against the definition in long double with the NaN
+// triangle of A never read, NaN in C where beta is 0 never shown, and C's rows past m untouched.
+template <class T>
+void check_symm_right(std::int64_t m, std::int64_t d, char uplo, std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
+                      T alpha, T beta) {
+  namespace blas = lather::impl::blas;
+  const bool lower = uplo == 'L';
+  const auto av = lather::test::random_values(static_cast<std::size_t>(lda * d), 1700 + d);
+  std::vector<T> a(av.begin(), av.end());
+  for (std::int64_t j = 0; j < d; ++j)
+    for (std::int64_t i = 0; i < lda; ++i)
+      if (i >= d || (lower ? i < j : i > j)) a[static_cast<std::size_t>(i + j * lda)] = std::numeric_limits<T>::quiet_NaN();
+  auto full = [&](std::int64_t i, std::int64_t j) {
+    return static_cast<ld>((lower == (i >= j)) ? a[static_cast<std::size_t>(i + j * lda)] : a[static_cast<std::size_t>(j + i * lda)]);
+  };
+  const auto bv = lather::test::random_values(static_cast<std::size_t>(ldb * d), 1800 + m + d);
+  const std::vector<T> b(bv.begin(), bv.end());
+  const auto cv = lather::test::random_values(static_cast<std::size_t>(ldc * d), 1900 + m + d);
+  std::vector<T> c(cv.begin(), cv.end());
+  if (beta == T(0))
+    for (std::int64_t j = 0; j < d; ++j)
+      for (std::int64_t i = 0; i < m; ++i) c[static_cast<std::size_t>(i + j * ldc)] = std::numeric_limits<T>::quiet_NaN();
+  const std::vector<T> c0 = c;
+  blas::symm<T>('R', uplo, m, d, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  const ld u = std::numeric_limits<T>::epsilon();
+  std::int64_t bad = 0;
+  for (std::int64_t j = 0; j < d; ++j)
+    for (std::int64_t i = 0; i < ldc; ++i) {
+      const auto e = static_cast<std::size_t>(i + j * ldc);
+      if (i >= m) {
+        bad += std::memcmp(&c[e], &c0[e], sizeof(T)) != 0;
+        continue;
+      }
+      ld s = 0;
+      for (std::int64_t l = 0; l < d; ++l) s += static_cast<ld>(b[static_cast<std::size_t>(i + l * ldb)]) * full(l, j);
+      const ld want = static_cast<ld>(alpha) * s + (beta == T(0) ? 0 : static_cast<ld>(beta) * c0[e]);
+      bad += !(std::fabs(static_cast<ld>(c[e]) - want) <= 4 * static_cast<ld>(d + 2) * u);
+    }
+  INFO("m=", m, " d=", d, " uplo=", uplo, " lda=", lda, " ldb=", ldb, " ldc=", ldc, " alpha=", alpha, " beta=", beta);
+  CHECK(bad == 0);
+}
+
+template <class T>
+void check_tiled_symm() {
+  namespace tiled = lather::impl::blas::tiled;
+  const std::int64_t lo = tiled::min_dim<T>, hi = tiled::symm_max_dim;
+  // d: the range's edges (one below and one above: the BLAS), a group of 8 columns and one more,
+  // a tile's rows; m: a vector, a tile (48 floats, 24 doubles), a block of rows (96) and one more.
+  for (const std::int64_t d : {lo - 1, lo, lo + 1, std::int64_t{24}, std::int64_t{47}, std::int64_t{48}, std::int64_t{49},
+                               std::int64_t{100}, std::int64_t{128}, std::int64_t{129}, hi - 1, hi, hi + 1})
+    for (const std::int64_t m : {1, 7, 16, 17, 24, 48, 49, 96, 97, 200})
+      for (const char uplo : {'L', 'U'}) {
+        check_symm_right<T>(m, d, uplo, d, m, m, T(1), T(0));
+        check_symm_right<T>(m, d, uplo, d + 3, m + 1, m + 2, T(-0.5), T(0.25));
+      }
+  // The rows limit for floats above d = 128 (1024: tiles; 1025: the BLAS).
+  for (const std::int64_t m : {1024, 1025})
+    for (const char uplo : {'L', 'U'}) check_symm_right<T>(m, 256, uplo, 256, m, m, T(1), T(0));
+  // Rows in uneven parts (as split::symm gives them to threads) give the whole product's bits.
+  for (const std::int64_t d : {lo, std::int64_t{100}, hi})
+    for (const std::int64_t m : {std::int64_t{100}, std::int64_t{256}})
+      for (const char uplo : {'L', 'U'}) {
+        if (!tiled::takes_symm_right<T>(m, d, T(1))) continue;
+        const auto av = lather::test::random_values(static_cast<std::size_t>(d * d), 2000 + d);
+        const std::vector<T> a(av.begin(), av.end());
+        const auto bv = lather::test::random_values(static_cast<std::size_t>(m * d), 2100 + m + d);
+        const std::vector<T> b(bv.begin(), bv.end());
+        std::vector<T> whole(static_cast<std::size_t>(m * d)), parts(whole.size());
+        tiled::symm_right<T>(uplo, m, d, T(1), a.data(), d, b.data(), m, T(0), whole.data(), m);
+        const std::int64_t cuts[] = {0, 5, 5, m / 2 + 1, m - 1, m};  // an empty part, parts of 1 and 5 rows
+        for (int p = 0; p + 1 < 6; ++p)
+          if (cuts[p + 1] > cuts[p])
+            tiled::symm_right<T>(uplo, cuts[p + 1] - cuts[p], d, T(1), a.data(), d, b.data() + cuts[p], m, T(0),
+                                 parts.data() + cuts[p], m);
+        INFO("m=", m, " d=", d, " uplo=", uplo);
+        CHECK(std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(T)) == 0);
+      }
+}
+}  // namespace
+
+TEST_CASE("host BLAS: SYMM 'R' of order 17 to 256 (register tiles on AVX-512) equals the definition, in any row parts") {
+  MESSAGE("tiled SYMM on this CPU: ", std::string(lather::impl::blas::tiled::takes_symm_right<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"));
+  check_tiled_symm<float>();
+  check_tiled_symm<double>();
+}
+
+TEST_CASE("host BLAS: the tiles' side fetch walks its ranges to the end and changes no bit of the SYRK") {
+  namespace tiled = lather::impl::blas::tiled;
+  using I = std::int64_t;
+  // The walk itself (what the tiles do with next/end): strided rows, an unaligned start, an empty
+  // range ignored, a fifth range ignored (max_ranges 4).
+  std::vector<char> memory((1 << 16) + 64);
+  const char* const base = memory.data() + (64 - reinterpret_cast<std::uintptr_t>(memory.data()) % 64) % 64;  // a line's start
+  {
+    tiled::SideFetchScope scope;
+    scope.add(base + 100, 200, 1000, 3);  // 3 rows of 200 bytes, 1000 apart, from byte 100
+    scope.add(nullptr, 64);
+    scope.add(base + 8192, 64, 0, 0);
+    scope.add(base + 8192, 130);  // one run over 3 lines
+    scope.add(base + 16384, 64);
+    scope.add(base + 20000, 64);
+    scope.add(base + 30000, 64);  // the fifth: dropped
+    std::vector<I> lines;  // line offsets in `memory`, in fetch order
+    auto& side = tiled::side_fetch();
+    while (side.next != nullptr) {  // as tile() walks it
+      lines.push_back(static_cast<I>(side.next - base));
+      side.next += 64;
+      if (side.next >= side.end) side.advance();
+    }
+    // Row r covers bytes [100 + 1000 r, 300 + 1000 r): lines from the one holding its first byte.
+    std::vector<I> expected;
+    for (I r = 0; r < 3; ++r)
+      for (I l = (100 + 1000 * r) / 64 * 64; l < 300 + 1000 * r; l += 64) expected.push_back(l);
+    for (const I l : {8192, 8256, 8320, 16384, 19968, 20032}) expected.push_back(l);  // 20000 straddles two lines
+    CHECK(lines == expected);
+  }
+  CHECK(tiled::side_fetch().next == nullptr);  // the scope cleared it
+  CHECK(tiled::side_fetch().ranges == 0);
+
+  // The tiles with a side fetch under way: the same bits as without, and the fetch moves on.
+  for (const char trans : {'N', 'T'})
+    for (const I n : {17, 256}) {
+      const I k = 300;
+      const auto v = lather::test::random_values(static_cast<std::size_t>(n * k), 900 + static_cast<std::uint64_t>(n));
+      const std::vector<float> a(v.begin(), v.end());
+      std::vector<float> plain(static_cast<std::size_t>(n * n), 0.0f), fetched = plain;
+      lather::impl::blas::syrk<float>('L', trans, n, k, 1.5f, a.data(), trans == 'N' ? n : k, 0.0f, plain.data(), n);
+      {
+        tiled::SideFetchScope scope;
+        scope.add(base, 1024, 4096, 15);  // 15 rows of 1 KiB: 240 lines
+        const char* const first = tiled::side_fetch().next;
+        lather::impl::blas::syrk<float>('L', trans, n, k, 1.5f, a.data(), trans == 'N' ? n : k, 0.0f, fetched.data(), n);
+        if (tiled::takes<float>(n, k, 1.5f))  // tiles ran: one line every side_steps steps of k
+          CHECK((tiled::side_fetch().next == nullptr || tiled::side_fetch().next > first));
+      }
+      CHECK(std::memcmp(plain.data(), fetched.data(), plain.size() * sizeof(float)) == 0);
+    }
 }
 
 namespace {

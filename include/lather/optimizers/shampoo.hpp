@@ -2412,8 +2412,22 @@ class Shampoo {
       const FusedTask task = self->m_fused_tasks[static_cast<std::size_t>(n)];
       const int t = token.acquire();
       auto& p = self->m_params[task.param];
+      // On one thread, the gradient of the task it takes next, fetched on the side of this one's
+      // SYRKs: its first pass (the transposition of the first SYRK 'T') then reads from cache,
+      // not memory. Not with several threads: there one thread's memory-bound passes already
+      // overlap another's products, the fetch gained 0.5% at most, and the demo's 2-thread
+      // steps got 3% slower with it (fourteenth session, docs/performance-history.md).
+      const bool alone = token.size() == 1;
+      const auto ahead = static_cast<std::size_t>(n) + 1;
+      impl::blas::tiled::SideFetch::Range next{};
+      if (alone && factors && ahead < self->m_fused_tasks.size()) {
+        const FusedTask after = self->m_fused_tasks[ahead];
+        const auto& q = self->m_params[after.param];
+        const auto& grad = (*g)[after.param];
+        if (grad.is_row_major_contiguous()) next = block_rows(q, q.blocks[after.block], grad.data());
+      }
       self->fused_block(p, task.block, (*g)[task.param], self->fused_buffers(t, p.blocks[task.block]), factors, direction,
-                        amortize);
+                        amortize, nullptr, alone, next);
       token.release(t);
     }
   };
@@ -2619,10 +2633,30 @@ class Shampoo {
     });
   }
 
-  // The step of block b of p in the calling thread (see "fused host blocks").
+  // The block's part of a row-major tensor of the parameter's shape (its parameter or gradient) at
+  // `base`, as a side-fetch range: the rows of a two-dimensional block, one run for a block
+  // contiguous in the parameter (one-dimensional, or all but its first extent the parameter's);
+  // empty for other blocks.
+  static impl::blas::tiled::SideFetch::Range block_rows(const ParamState& p, const block_state_type& blk,
+                                                        const value_type* base) {
+    constexpr auto size = static_cast<std::int64_t>(sizeof(value_type));
+    const auto* first = reinterpret_cast<const char*>(base + first_flat(p, blk));
+    const int rank = static_cast<int>(blk.extent.size());
+    if (rank == 2) return {first, blk.extent[1] * size, p.layout.merged_shape[1] * size, blk.extent[0]};
+    bool contiguous = rank >= 1;
+    for (int j = 1; contiguous && j < rank; ++j)
+      contiguous = blk.extent[static_cast<std::size_t>(j)] == p.layout.merged_shape[static_cast<std::size_t>(j)];
+    if (!contiguous) return {};
+    return {first, numel_of(blk.extent) * size, 0, 1};
+  }
+
+  // The step of block b of p in the calling thread (see "fused host blocks"). `side_fetch`: the
+  // block's SYRK tiles fetch what its update reads, then `next` (FusedRunner on one thread: the
+  // gradient of the block it takes next), on the side.
   void fused_block(ParamState& p, std::size_t b, const TensorRef<const value_type, memory_space>& grad,
                    const FusedBuffers& buf, bool factors, bool direction, bool amortize,
-                   impl::blas::split::Crew* split = nullptr) {
+                   impl::blas::split::Crew* split = nullptr, bool side_fetch = false,
+                   const impl::blas::tiled::SideFetch::Range& next = {}) {
     auto& blk = p.blocks[b];
     const auto& o = m_groups[p.group].options;
     const std::int64_t n = numel_of(blk.extent);
@@ -2656,6 +2690,20 @@ class Shampoo {
       }
     }
     if (factors) {
+      // `side_fetch` (a block run by the only thread): what the update pass reads from memory
+      // (the parameter's rows, the momentum) is fetched while the SYRK tiles compute
+      // (impl::blas::tiled::SideFetch), so that the pass finds it in cache: the update's share of
+      // a steady gpt2-block step at block size 256 (1 thread) went from 2.9% to 1.5%. Not the
+      // filter's state: that pass is bound by its divisions and square roots, not by memory
+      // (fetching it early changed nothing).
+      impl::blas::tiled::SideFetchScope side;
+      if (side_fetch && direction && o.iterate_averaging == IterateAveraging::none && p.param.is_row_major_contiguous()) {
+        const auto rows = block_rows(p, blk, p.param.data());
+        side.add(rows.first, rows.row_bytes, rows.stride, rows.rows);
+        if (p.momentum.data() != nullptr)
+          side.add(p.momentum.data() + blk.begin, n * static_cast<std::int64_t>(sizeof(value_type)));
+      }
+      if (side_fetch) side.add(next.first, next.row_bytes, next.stride, next.rows);
       const double beta2 = o.betas[1];
       block_factors(p, b, block_grad, amortize, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, buf.gram, buf.unfolded, split,
                     row_stride);
