@@ -403,16 +403,19 @@ TEST_CASE("host BLAS: SYRK 'N' and 'T' of order 17 to 1024 (register tiles on AV
 }
 
 namespace {
-// SYMM with side 'R', C (m x d) = alpha B A + beta C, A symmetric from one triangle: lather's
-// register tiles (tiled_symm.hpp) for d from min_dim to 256 on AVX-512 CPUs (floats with d above
-// 128 up to m = 1024), the BLAS elsewhere. Against the definition in long double with the NaN
-// triangle of A never read, NaN in C where beta is 0 never shown, and C's rows past m untouched.
+// SYMM, C (m x n) = alpha B A + beta C (side 'R', A n x n) or alpha A B + beta C (side 'L', A
+// m x m), A symmetric from its `uplo` triangle: lather's register tiles (tiled_symm.hpp) on
+// AVX-512 CPUs where takes_symm_right/left say so, the BLAS elsewhere. Against the definition in
+// long double with the other triangle of A (and its rows past its order) NaN and never read,
+// NaN in C where beta is 0 never shown, and C's rows past m untouched.
 template <class T>
-void check_symm_right(std::int64_t m, std::int64_t d, char uplo, std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
-                      T alpha, T beta) {
+void check_symm(char side, std::int64_t m, std::int64_t n, char uplo, std::int64_t lda, std::int64_t ldb,
+                std::int64_t ldc, T alpha, T beta) {
   namespace blas = lather::impl::blas;
-  const bool lower = uplo == 'L';
-  const auto av = lather::test::random_values(static_cast<std::size_t>(lda * d), 1700 + d);
+  const bool lower = uplo == 'L', left = side == 'L';
+  const std::int64_t d = left ? m : n;  // A's order
+  const std::uint64_t seed = left ? 2200 : 1700;  // the 'R' checks keep their earlier data
+  const auto av = lather::test::random_values(static_cast<std::size_t>(lda * d), seed + (left ? m : n));
   std::vector<T> a(av.begin(), av.end());
   for (std::int64_t j = 0; j < d; ++j)
     for (std::int64_t i = 0; i < lda; ++i)
@@ -420,18 +423,18 @@ void check_symm_right(std::int64_t m, std::int64_t d, char uplo, std::int64_t ld
   auto full = [&](std::int64_t i, std::int64_t j) {
     return static_cast<ld>((lower == (i >= j)) ? a[static_cast<std::size_t>(i + j * lda)] : a[static_cast<std::size_t>(j + i * lda)]);
   };
-  const auto bv = lather::test::random_values(static_cast<std::size_t>(ldb * d), 1800 + m + d);
+  const auto bv = lather::test::random_values(static_cast<std::size_t>(ldb * n), seed + 100 + m + n);
   const std::vector<T> b(bv.begin(), bv.end());
-  const auto cv = lather::test::random_values(static_cast<std::size_t>(ldc * d), 1900 + m + d);
+  const auto cv = lather::test::random_values(static_cast<std::size_t>(ldc * n), seed + 200 + m + n);
   std::vector<T> c(cv.begin(), cv.end());
   if (beta == T(0))
-    for (std::int64_t j = 0; j < d; ++j)
+    for (std::int64_t j = 0; j < n; ++j)
       for (std::int64_t i = 0; i < m; ++i) c[static_cast<std::size_t>(i + j * ldc)] = std::numeric_limits<T>::quiet_NaN();
   const std::vector<T> c0 = c;
-  blas::symm<T>('R', uplo, m, d, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  blas::symm<T>(side, uplo, m, n, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
   const ld u = std::numeric_limits<T>::epsilon();
   std::int64_t bad = 0;
-  for (std::int64_t j = 0; j < d; ++j)
+  for (std::int64_t j = 0; j < n; ++j)
     for (std::int64_t i = 0; i < ldc; ++i) {
       const auto e = static_cast<std::size_t>(i + j * ldc);
       if (i >= m) {
@@ -439,33 +442,48 @@ void check_symm_right(std::int64_t m, std::int64_t d, char uplo, std::int64_t ld
         continue;
       }
       ld s = 0;
-      for (std::int64_t l = 0; l < d; ++l) s += static_cast<ld>(b[static_cast<std::size_t>(i + l * ldb)]) * full(l, j);
+      for (std::int64_t l = 0; l < d; ++l)
+        s += left ? full(i, l) * static_cast<ld>(b[static_cast<std::size_t>(l + j * ldb)])
+                  : static_cast<ld>(b[static_cast<std::size_t>(i + l * ldb)]) * full(l, j);
       const ld want = static_cast<ld>(alpha) * s + (beta == T(0) ? 0 : static_cast<ld>(beta) * c0[e]);
       bad += !(std::fabs(static_cast<ld>(c[e]) - want) <= 4 * static_cast<ld>(d + 2) * u);
     }
-  INFO("m=", m, " d=", d, " uplo=", uplo, " lda=", lda, " ldb=", ldb, " ldc=", ldc, " alpha=", alpha, " beta=", beta);
+  INFO("side=", side, " m=", m, " n=", n, " uplo=", uplo, " lda=", lda, " ldb=", ldb, " ldc=", ldc, " alpha=", alpha,
+       " beta=", beta);
   CHECK(bad == 0);
+}
+template <class T>
+void check_symm_right(std::int64_t m, std::int64_t d, char uplo, std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
+                      T alpha, T beta) {
+  check_symm<T>('R', m, d, uplo, lda, ldb, ldc, alpha, beta);
+}
+template <class T>
+void check_symm_left(std::int64_t m, std::int64_t n, char uplo, std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
+                     T alpha, T beta) {
+  check_symm<T>('L', m, n, uplo, lda, ldb, ldc, alpha, beta);
 }
 
 template <class T>
 void check_tiled_symm() {
   namespace tiled = lather::impl::blas::tiled;
-  const std::int64_t lo = tiled::min_dim<T>, hi = tiled::symm_max_dim;
+  const std::int64_t lo = tiled::min_dim<T>, hi = tiled::symm_right_max_dim;
   // d: the range's edges (one below and one above: the BLAS), a group of 8 columns and one more,
-  // a tile's rows; m: a vector, a tile (48 floats, 24 doubles), a block of rows (96) and one more.
+  // a tile's rows, the strips' 16 x 16 blocks; m: a vector, a tile (48 floats, 24 doubles), a
+  // panel (96) and one more, and either side of the rows from which floats copy A into strips
+  // and B into panels (512).
   for (const std::int64_t d : {lo - 1, lo, lo + 1, std::int64_t{24}, std::int64_t{47}, std::int64_t{48}, std::int64_t{49},
                                std::int64_t{100}, std::int64_t{128}, std::int64_t{129}, hi - 1, hi, hi + 1})
-    for (const std::int64_t m : {1, 7, 16, 17, 24, 48, 49, 96, 97, 200})
+    for (const std::int64_t m : {1, 7, 16, 17, 24, 48, 49, 96, 97, 200, 511, 512, 609})
       for (const char uplo : {'L', 'U'}) {
         check_symm_right<T>(m, d, uplo, d, m, m, T(1), T(0));
         check_symm_right<T>(m, d, uplo, d + 3, m + 1, m + 2, T(-0.5), T(0.25));
       }
-  // The rows limit for floats above d = 128 (1024: tiles; 1025: the BLAS).
-  for (const std::int64_t m : {1024, 1025})
-    for (const char uplo : {'L', 'U'}) check_symm_right<T>(m, 256, uplo, 256, m, m, T(1), T(0));
+  // A tall B (a (256, 256, 9) block's first dimensions: 2304 rows, 24 panels).
+  for (const char uplo : {'L', 'U'}) check_symm_right<T>(2304, 256, uplo, 256, 2304, 2304, T(1), T(0));
+
   // Rows in uneven parts (as split::symm gives them to threads) give the whole product's bits.
   for (const std::int64_t d : {lo, std::int64_t{100}, hi})
-    for (const std::int64_t m : {std::int64_t{100}, std::int64_t{256}})
+    for (const std::int64_t m : {std::int64_t{100}, std::int64_t{256}, std::int64_t{1100}})
       for (const char uplo : {'L', 'U'}) {
         if (!tiled::takes_symm_right<T>(m, d, T(1))) continue;
         const auto av = lather::test::random_values(static_cast<std::size_t>(d * d), 2000 + d);
@@ -483,12 +501,54 @@ void check_tiled_symm() {
         CHECK(std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(T)) == 0);
       }
 }
+
+template <class T>
+void check_tiled_symm_left() {
+  namespace tiled = lather::impl::blas::tiled;
+  const std::int64_t lo = tiled::min_dim<T>, hi = tiled::symm_left_max_dim;
+  // m: the range's edges (one below and one above: the BLAS), the packing's 16 x 16 blocks, a
+  // tile's 48 rows, a panel's 96 (and 2 panels), each and one either side, and 256 (block size
+  // 256); n: one column, a group of 8 columns, one either side, several groups and a narrow rest.
+  for (const std::int64_t m : {lo - 1, lo, lo + 1, std::int64_t{31}, std::int64_t{32}, std::int64_t{33}, std::int64_t{47},
+                               std::int64_t{48}, std::int64_t{49}, std::int64_t{95}, std::int64_t{96}, std::int64_t{97},
+                               std::int64_t{144}, std::int64_t{191}, std::int64_t{192}, std::int64_t{193}, std::int64_t{256}, hi - 1, hi, hi + 1})
+    for (const std::int64_t n : {1, 7, 8, 9, 16, 61})
+      for (const char uplo : {'L', 'U'}) {
+        check_symm_left<T>(m, n, uplo, m, m, m, T(1), T(0));
+        check_symm_left<T>(m, n, uplo, m + 3, m + 1, m + 2, T(-0.5), T(0.25));
+      }
+  // Columns of C in uneven parts (as split::symm gives them to threads) give the whole product's bits.
+  for (const std::int64_t m : {lo, std::int64_t{100}, std::int64_t{256}, hi})
+    for (const std::int64_t n : {std::int64_t{37}, std::int64_t{256}})
+      for (const char uplo : {'L', 'U'}) {
+        if (!tiled::takes_symm_left<T>(m, n, T(1))) continue;
+        const auto av = lather::test::random_values(static_cast<std::size_t>(m * m), 2500 + m);
+        const std::vector<T> a(av.begin(), av.end());
+        const auto bv = lather::test::random_values(static_cast<std::size_t>(m * n), 2600 + m + n);
+        const std::vector<T> b(bv.begin(), bv.end());
+        std::vector<T> whole(static_cast<std::size_t>(m * n)), parts(whole.size());
+        tiled::symm_left<T>(uplo, m, n, T(1), a.data(), m, b.data(), m, T(0), whole.data(), m);
+        const std::int64_t cuts[] = {0, 5, 5, n / 2 + 1, n - 1, n};  // an empty part, parts of 1 and 5 columns
+        for (int p = 0; p + 1 < 6; ++p)
+          if (cuts[p + 1] > cuts[p])
+            tiled::symm_left<T>(uplo, m, cuts[p + 1] - cuts[p], T(1), a.data(), m, b.data() + cuts[p] * m, m, T(0),
+                                parts.data() + cuts[p] * m, m);
+        INFO("m=", m, " n=", n, " uplo=", uplo);
+        CHECK(std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(T)) == 0);
+      }
+}
 }  // namespace
 
-TEST_CASE("host BLAS: SYMM 'R' of order 17 to 256 (register tiles on AVX-512) equals the definition, in any row parts") {
+TEST_CASE("host BLAS: SYMM 'R' of order 17 to 256 (floats; 9 to 512 doubles; register tiles on AVX-512) equals the definition, in any row parts") {
   MESSAGE("tiled SYMM on this CPU: ", std::string(lather::impl::blas::tiled::takes_symm_right<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"));
   check_tiled_symm<float>();
   check_tiled_symm<double>();
+}
+
+TEST_CASE("host BLAS: SYMM 'L' of order 17 to 1024 (register tiles on AVX-512, floats) equals the definition, in any column parts") {
+  MESSAGE("tiled SYMM 'L' on this CPU: ", std::string(lather::impl::blas::tiled::takes_symm_left<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"));
+  check_tiled_symm_left<float>();
+  check_tiled_symm_left<double>();  // the BLAS: the same checks
 }
 
 TEST_CASE("host BLAS: the tiles' side fetch walks its ranges to the end and changes no bit of the SYRK") {

@@ -148,8 +148,9 @@ void syrk(char uplo, char trans, std::int64_t n, std::int64_t k, T alpha, const 
 /// C (m x n) = alpha A B + beta C (`side` 'L', A m x m) or alpha B A + beta C (`side` 'R', A n x n),
 /// A symmetric of which only the `uplo` triangle is read; column-major. Lets a packed symmetric
 /// matrix be unpacked into one triangle only (contiguous) instead of both. Side 'L' with m at
-/// most a vector register runs lather's own loop (small_products.hpp); side 'R' with n from 17
-/// (floats; 9 doubles) to 256 on AVX-512 CPUs lather's register tiles (tiled_symm.hpp).
+/// most a vector register runs lather's own loop (small_products.hpp); on AVX-512 CPUs side 'R'
+/// with n from 17 (floats; 9 doubles) to 256, and side 'L' with m from 17 to 256 (floats), lather's
+/// register tiles (tiled_symm.hpp).
 template <class T>
 void symm(char side, char uplo, std::int64_t m, std::int64_t n, T alpha, const T* a, std::int64_t lda, const T* b,
           std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
@@ -157,6 +158,10 @@ void symm(char side, char uplo, std::int64_t m, std::int64_t n, T alpha, const T
   if (m == 0 || n == 0) return;
   if ((side == 'L' || side == 'l') && small::takes<T>(m)) {
     small::symm_left<T>(uplo, m, n, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if ((side == 'L' || side == 'l') && tiled::takes_symm_left<T>(m, n, alpha)) {
+    tiled::symm_left<T>(uplo, m, n, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   if ((side == 'R' || side == 'r') && tiled::takes_symm_right<T>(m, n, alpha)) {
