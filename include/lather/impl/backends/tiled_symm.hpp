@@ -21,11 +21,11 @@
 /// position); for floats with m >= 512 rows (the (256, 256, 9) and (128, 128, 9) blocks of 3x3
 /// convolutions: 2304 and 1152) A is first copied into strips of 8 columns (p-major) and, above
 /// d = 128, B's rows into panels. Measured on the Zen 5 VM, 1 thread, against OpenBLAS' SkylakeX
-/// kernels (docs/performance-history.md, seventeenth session): 'L' 256 by 256 x 256 147 -> 140
-/// us in cache, 168 -> 151 with B from memory, 1024 by 1024 x 1024 8.78 -> 8.51 ms; 'R' B from
-/// memory, m = 2304, d = 256: 1396-1421 -> 1324-1335 us (the tiles in place: 1444-1531), m =
-/// 1152, d = 128: 204-210 -> 161-175 (in place: 190-194). Under OpenBLAS' Haswell (AVX2)
-/// kernels the tiles take half the time or less.
+/// kernels (docs/performance-history.md, seventeenth session): 'L' 256 by 256 x 256 149 -> 140
+/// us in cache, 167-169 -> 149-153 with B from memory, 1024 by 1024 x 1024 8.78 -> 8.51 ms; 'R'
+/// B from memory, m = 2304, d = 256: 1394-1421 -> 1320-1335 us (the tiles in place: 1444-1531),
+/// m = 1152, d = 128: 203-210 -> 161-175 (in place: 190-194). Against OpenBLAS' Haswell (AVX2)
+/// kernels, in cache: 'L' 1.9-2x as fast at orders 256-1024, 'R' 1.8x at 256.
 ///
 /// Bits: C(i, j) is alpha times one chain of FMAs over p = 0, 1, ..., d - 1 (plus beta C; C is
 /// not read where beta is 0) - independent of the tile the element falls in, of the copies, and
