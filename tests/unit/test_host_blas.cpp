@@ -403,6 +403,166 @@ TEST_CASE("host BLAS: SYRK 'N' and 'T' of order 17 to 1024 (register tiles on AV
 }
 
 namespace {
+// The SYRK of a row-major (outer, n, inner) tensor's middle mode read in place
+// (tiled::syrk_columns_unfolded: the transposition gathers the unfolding): the bits of
+// UnfoldMode followed by the SYRK 'T' (checked against the definition above), whole, in uneven
+// column bands, both triangles, and through split::syrk_lower_unfolded on one and several threads;
+// k = outer inner across chunks of k that end inside a group of `inner` (256 = 28 x 9 + 4), every
+// run pattern a group of 16 steps can hold (inner 1 to 17, 49), the tiles' order range's edges
+// (16: not taken, nothing written). Then one shape against the definition in long double.
+template <class Where>
+void check_unfolded_syrk(Where* where) {
+  namespace blas = lather::impl::blas;
+  namespace tiled = blas::tiled;
+  struct Shape {
+    std::int64_t outer, n, inner;
+  };
+  const Shape shapes[] = {{2, 17, 9},   {30, 17, 9},  {3, 33, 5},  {5, 33, 17}, {7, 100, 1},  {40, 100, 2},
+                          {3, 64, 49},  {29, 48, 16}, {13, 49, 3}, {2, 16, 9},  {64, 128, 9}, {256, 256, 9},
+                          {9, 257, 7},  {4, 100, 13}, {6, 40, 11}, {3, 1024, 4}};
+  for (const auto& sh : shapes)
+    for (const char uplo : {'L', 'U'}) {
+      const std::int64_t n = sh.n, k = sh.outer * sh.inner;
+      const auto xv = lather::test::random_values(static_cast<std::size_t>(k * n), 3100 + k + n);
+      const std::vector<float> x(xv.begin(), xv.end());
+      const auto cv = lather::test::random_values(static_cast<std::size_t>(n * n), 3200 + n);
+      const std::vector<float> c0(cv.begin(), cv.end());
+      std::vector<float> u(x.size());
+      lather::impl::kernels::UnfoldMode<float>{x.data(), u.data(), sh.outer, n, sh.inner, false}.all();
+      std::vector<float> want = c0, whole = c0, bands = c0, split = c0;
+      INFO("outer=", sh.outer, " n=", n, " inner=", sh.inner, " uplo=", uplo);
+      const bool took = blas::split::syrk_lower_unfolded<float>(where, n, sh.outer, sh.inner, 0.5f, x.data(), 0.999f,
+                                                                split.data(), n);
+      CHECK(took == tiled::takes_transposed<float>(n, k, 0.5f));
+      if (!took) {
+        CHECK(split == c0);  // nothing done
+        continue;
+      }
+      tiled::syrk_t<float>(uplo, n, k, 0.5f, u.data(), k, 0.999f, want.data(), n);
+      tiled::syrk_columns_unfolded<float>(uplo, n, sh.outer, sh.inner, 0.5f, x.data(), 0.999f, whole.data(), n, 0, n);
+      const std::int64_t cuts[] = {0, 3, 3, n / 2 + 1, n - 1, n};  // an empty band, bands of 1 and 3
+      for (int b = 0; b + 1 < 6; ++b)
+        tiled::syrk_columns_unfolded<float>(uplo, n, sh.outer, sh.inner, 0.5f, x.data(), 0.999f, bands.data(), n, cuts[b],
+                                            cuts[b + 1]);
+      CHECK(std::memcmp(want.data(), whole.data(), want.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(want.data(), bands.data(), want.size() * sizeof(float)) == 0);
+      if (uplo == 'L') {
+        std::vector<float> lower = c0;
+        blas::split::syrk_lower<float>(where, 'T', n, k, 0.5f, u.data(), k, 0.999f, lower.data(), n);
+        CHECK(std::memcmp(lower.data(), split.data(), lower.size() * sizeof(float)) == 0);
+      }
+    }
+  // Against the definition: C(i, j) = 0.5 sum_(a, b) x(a, i, b) x(a, j, b) + 0.999 C0(i, j).
+  const std::int64_t outer = 30, n = 40, inner = 9, k = outer * inner;
+  if (!tiled::takes_transposed<float>(n, k, 0.5f)) return;
+  const auto xv = lather::test::random_values(static_cast<std::size_t>(k * n), 3300);
+  const std::vector<float> x(xv.begin(), xv.end());
+  const auto cv = lather::test::random_values(static_cast<std::size_t>(n * n), 3400);
+  const std::vector<float> c0(cv.begin(), cv.end());
+  std::vector<float> c = c0;
+  REQUIRE(blas::split::syrk_lower_unfolded<float>(where, n, outer, inner, 0.5f, x.data(), 0.999f, c.data(), n));
+  const ld u = std::numeric_limits<float>::epsilon();
+  std::int64_t bad = 0;
+  for (std::int64_t j = 0; j < n; ++j)
+    for (std::int64_t i = j; i < n; ++i) {
+      ld sum = 0;
+      for (std::int64_t a = 0; a < outer; ++a)
+        for (std::int64_t b = 0; b < inner; ++b)
+          sum += static_cast<ld>(x[static_cast<std::size_t>((a * n + i) * inner + b)]) *
+                 static_cast<ld>(x[static_cast<std::size_t>((a * n + j) * inner + b)]);
+      const ld want = 0.5L * sum + static_cast<ld>(0.999f) * static_cast<ld>(c0[static_cast<std::size_t>(i + j * n)]);
+      bad += !(std::fabs(static_cast<ld>(c[static_cast<std::size_t>(i + j * n)]) - want) <= 4 * static_cast<ld>(k + 2) * u);
+    }
+  CHECK(bad == 0);
+}
+}  // namespace
+
+TEST_CASE("host BLAS: the SYRK of a middle mode read in place equals UnfoldMode then the SYRK 'T', bit for bit") {
+  check_unfolded_syrk<lather::impl::blas::split::Crew>(nullptr);
+}
+
+namespace {
+// The middle-mode product of a row-major (outer, d, inner) tensor in lather's 'R' tiles
+// (tiled::symm_right_mode: B's rows gathered into the panels, each panel of C scattered back):
+// the bits of UnfoldMode, symm_right and the fold, in place and not, both triangles, whole, in
+// uneven row parts and split over the threads; rows (outer inner) either side of 512 and of the
+// 96-row panels, groups of `inner` that cross the 16-row vectors in every way (inner 2 to 17,
+// 49), orders at the range's edges (63 and 257: not taken, nothing written; 511 rows too). Then
+// one shape against the definition in long double.
+template <class Where>
+void check_mode_symm(Where* where) {
+  namespace blas = lather::impl::blas;
+  namespace tiled = blas::tiled;
+  struct Shape {
+    std::int64_t outer, d, inner;
+  };
+  const Shape shapes[] = {{256, 64, 2},  {103, 100, 5}, {57, 129, 9},  {64, 64, 9},   {128, 128, 9}, {256, 256, 9},
+                          {31, 256, 17}, {11, 70, 49},  {32, 80, 16},  {171, 65, 3},  {40, 96, 13},  {73, 63, 9},
+                          {2, 257, 300}, {73, 100, 7},  {7, 100, 74}};
+  for (const auto& sh : shapes)
+    for (const char uplo : {'L', 'U'}) {
+      const std::int64_t d = sh.d, m = sh.outer * sh.inner, n = m * d;
+      INFO("outer=", sh.outer, " d=", d, " inner=", sh.inner, " uplo=", uplo);
+      const auto av = lather::test::random_values(static_cast<std::size_t>(d * d), 3500 + d);
+      std::vector<float> a(av.begin(), av.end());
+      for (std::int64_t j = 0; j < d; ++j)  // the unread triangle NaN: never read
+        for (std::int64_t i = 0; i < d; ++i)
+          if (uplo == 'L' ? i < j : i > j) a[static_cast<std::size_t>(i + j * d)] = std::numeric_limits<float>::quiet_NaN();
+      const auto xv = lather::test::random_values(static_cast<std::size_t>(n), 3600 + m + d);
+      const std::vector<float> x(xv.begin(), xv.end());
+      std::vector<float> split = x;
+      const bool took = blas::split::symm_right_mode<float>(where, uplo, sh.outer, d, sh.inner, 0.5f, a.data(), d,
+                                                            split.data(), split.data());
+      CHECK(took == tiled::takes_symm_right_mode<float>(m, d, sh.inner, 0.5f));
+      if (!took) {
+        CHECK(split == x);  // nothing done
+        continue;
+      }
+      std::vector<float> u(x.size()), c(x.size()), want(x.size());
+      lather::impl::kernels::UnfoldMode<float>{x.data(), u.data(), sh.outer, d, sh.inner, false}.all();
+      tiled::symm_right<float>(uplo, m, d, 0.5f, a.data(), d, u.data(), m, 0.0f, c.data(), m);
+      lather::impl::kernels::UnfoldMode<float>{c.data(), want.data(), sh.outer, d, sh.inner, true}.all();
+      std::vector<float> out(x.size(), -1.0f), parts = x;
+      tiled::symm_right_mode<float>(uplo, 0, m, d, sh.inner, 0.5f, a.data(), d, x.data(), out.data());
+      const std::int64_t cuts[] = {0, 5, 5, m / 2 + 1, m - 1, m};  // an empty part, parts of 1 and 5 rows
+      for (int p = 0; p + 1 < 6; ++p)
+        tiled::symm_right_mode<float>(uplo, cuts[p], cuts[p + 1], d, sh.inner, 0.5f, a.data(), d, parts.data(),
+                                      parts.data());
+      CHECK(std::memcmp(want.data(), out.data(), want.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(want.data(), parts.data(), want.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(want.data(), split.data(), want.size() * sizeof(float)) == 0);
+    }
+  // Against the definition: y(a, j, b) = 0.5 sum_p x(a, p, b) A(p, j).
+  const std::int64_t outer = 60, d = 70, inner = 9, m = outer * inner;
+  if (!tiled::takes_symm_right_mode<float>(m, d, inner, 0.5f)) return;
+  const auto av = lather::test::random_values(static_cast<std::size_t>(d * d), 3700);
+  const std::vector<float> a(av.begin(), av.end());  // the lower triangle read
+  const auto xv = lather::test::random_values(static_cast<std::size_t>(m * d), 3800);
+  const std::vector<float> x(xv.begin(), xv.end());
+  std::vector<float> y(x.size());
+  REQUIRE(blas::split::symm_right_mode<float>(where, 'L', outer, d, inner, 0.5f, a.data(), d, x.data(), y.data()));
+  const ld u = std::numeric_limits<float>::epsilon();
+  auto sym = [&](std::int64_t i, std::int64_t j) {
+    return static_cast<ld>(i >= j ? a[static_cast<std::size_t>(i + j * d)] : a[static_cast<std::size_t>(j + i * d)]);
+  };
+  std::int64_t bad = 0;
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t j = 0; j < d; ++j)
+      for (std::int64_t b = 0; b < inner; ++b) {
+        ld sum = 0;
+        for (std::int64_t p = 0; p < d; ++p) sum += static_cast<ld>(x[static_cast<std::size_t>((o * d + p) * inner + b)]) * sym(p, j);
+        bad += !(std::fabs(static_cast<ld>(y[static_cast<std::size_t>((o * d + j) * inner + b)]) - 0.5L * sum) <=
+                 4 * static_cast<ld>(d + 2) * u);
+      }
+  CHECK(bad == 0);
+}
+}  // namespace
+
+TEST_CASE("host BLAS: the middle-mode SYMM in the 'R' tiles equals UnfoldMode, SYMM 'R' and the fold, bit for bit") {
+  check_mode_symm<lather::impl::blas::split::Crew>(nullptr);
+}
+
+namespace {
 // SYMM, C (m x n) = alpha B A + beta C (side 'R', A n x n) or alpha A B + beta C (side 'L', A
 // m x m), A symmetric from its `uplo` triangle: lather's register tiles (tiled_symm.hpp) on
 // AVX-512 CPUs where takes_symm_right/left say so, the BLAS elsewhere. Against the definition in
@@ -776,6 +936,8 @@ void split_products_on(const ExecSpace& space) {
     }
   check_split_products<double>(space);
   check_split_products<float>(space);
+  check_unfolded_syrk(&space);  // the middle mode's SYRK in bands over the threads
+  check_mode_symm(&space);      // and its SYMM in row parts
   // One part is the plain call, bit for bit.
   const auto x = lather::test::random_values(300 * 40, 77);
   std::vector<double> one(300 * 300, 0.0), plain(300 * 300, 0.0);

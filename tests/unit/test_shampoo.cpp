@@ -1684,6 +1684,47 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: one-dimensional blocks against Eigen", ExecS
 TEST_CASE_TEMPLATE_APPLY(shampoo_vector_blocks, lather_test_exec_spaces);
 #endif
 
+// Three-dimensional blocks large enough that lather's register tiles take their middle mode on
+// AVX-512 CPUs (floats): the factor's SYRK reads the unfolding from the block
+// (tiled::syrk_columns_unfolded) and the preconditioning product runs in place
+// (tiled::symm_right_mode, from 512 rows of order 64 to 256), and blocks of a parameter split
+// along its first two dimensions have their rows fetched on the side (one thread). The fused
+// path against the per-parameter kernels (UnfoldMode, SYRK 'T' / SYMM 'R', the fold back), bit
+// for bit, over 5 steps with roots every 2. (300, 130, 9) at block size 128: blocks (128, 128,
+// 9) (both; not contiguous in the parameter), (44, 128, 9) (the SYRK only: 396 rows), (128, 2,
+// 9) and (44, 2, 9) (neither: order 2).
+template <class T, class ExecSpace>
+void impl_test_tiled_middle_modes() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<T, M>;
+  const lather::ShampooOptions o{.lr = 0.01, .betas = {0.9, 0.99}, .epsilon = 1e-6, .max_preconditioner_dim = 128,
+                                 .precondition_frequency = 2};
+  constexpr std::size_t n = 300 * 130 * 9;
+  auto run = [&](bool fused) {
+    Kokkos::View<T***, Kokkos::LayoutRight, M> w("w", 300, 130, 9), g("g", 300, 130, 9);
+    lather::test::from_host(lather::tensor_ref(w), lather::test::random_values(n, 90));
+    std::vector<P> params{lather::tensor_ref(w)};
+    lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting, lather::ShampooPrecision<T>> opt(
+        params, o, {}, {});
+    opt.set_block_concurrency(fused);
+    CHECK(opt.num_blocks(0) == 6);
+    for (int t = 1; t <= 5; ++t) {
+      lather::test::from_host(lather::tensor_ref(g), lather::test::random_values(n, 100 + static_cast<std::uint64_t>(t)));
+      opt.step(ExecSpace(), std::vector<P>{lather::tensor_ref(g)});
+    }
+    return lather::test::to_host(params[0]);
+  };
+  const auto fused = run(true), per_parameter = run(false);
+  CHECK(fused == per_parameter);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo: middle modes in lather's tiles give the per-parameter kernels' bits", ExecSpace,
+                          shampoo_tiled_middle_modes) {
+  impl_test_tiled_middle_modes<float, ExecSpace>();
+  impl_test_tiled_middle_modes<double, ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_tiled_middle_modes, lather_test_exec_spaces);
+
 TEST_CASE_TEMPLATE_DEFINE("shampoo: blocks side by side on host threads give the same bits", ExecSpace, shampoo_concurrency) {
   impl_test_block_concurrency<double, ExecSpace>();
   impl_test_block_concurrency<float, ExecSpace>();

@@ -2099,7 +2099,9 @@ class Shampoo {
         impl::blas::split::syrk_lower<value_type>(split, 'N', d, outer, alpha, x,
                                                   strided ? row_stride : std::max<std::int64_t>(1, d), beta, c,
                                                   std::max<std::int64_t>(1, d));
-      } else {
+      } else if (!impl::blas::split::syrk_lower_unfolded<value_type>(split, d, outer, inner, alpha, x, beta, c, d)) {
+        // A middle mode: lather's own SYRK reads the unfolding from x (its transposition's pass
+        // does the unfolding's: a pass over the block fewer); otherwise unfolded here first.
         const std::int64_t m = outer * inner;
         const impl::kernels::UnfoldMode<value_type> to_front{x, unfolded, outer, d, inner, false};
         to_front.all();
@@ -2141,11 +2143,16 @@ class Shampoo {
           operand = pm;
         }
         if (outer != 1 && inner != 1) {
-          const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
-          to_front.all();
-          mode_product_symm(split, outer, d, inner, operand, unfolded, to, uplo);
-          const impl::kernels::UnfoldMode<value_type> back{to, from, outer, d, inner, true};
-          back.all();
+          // A middle mode: lather's 'R' tiles unfold B's rows as they copy them into panels and
+          // fold each panel of C back, in place; otherwise two passes around the product.
+          if (!impl::blas::split::symm_right_mode<value_type>(split, uplo, outer, d, inner, value_type(1), operand,
+                                                              std::max<std::int64_t>(1, d), from, from)) {
+            const impl::kernels::UnfoldMode<value_type> to_front{from, unfolded, outer, d, inner, false};
+            to_front.all();
+            mode_product_symm(split, outer, d, inner, operand, unfolded, to, uplo);
+            const impl::kernels::UnfoldMode<value_type> back{to, from, outer, d, inner, true};
+            back.all();
+          }
         } else {
           mode_product_symm(split, outer, d, inner, operand, from, to, uplo);
           from = to;
@@ -2635,19 +2642,28 @@ class Shampoo {
 
   // The block's part of a row-major tensor of the parameter's shape (its parameter or gradient) at
   // `base`, as a side-fetch range: the rows of a two-dimensional block, one run for a block
-  // contiguous in the parameter (one-dimensional, or all but its first extent the parameter's);
-  // empty for other blocks.
+  // contiguous in the parameter (one-dimensional, or all but its first extent the parameter's),
+  // and for a block of more dimensions whose extents after the second are the parameter's its
+  // rows along the first (the (256, 256, 9) blocks of a (512, 512, 9) convolution: runs of 256 x
+  // 9 elements, 512 x 9 apart); empty for other blocks.
   static impl::blas::tiled::SideFetch::Range block_rows(const ParamState& p, const block_state_type& blk,
                                                         const value_type* base) {
     constexpr auto size = static_cast<std::int64_t>(sizeof(value_type));
     const auto* first = reinterpret_cast<const char*>(base + first_flat(p, blk));
     const int rank = static_cast<int>(blk.extent.size());
-    if (rank == 2) return {first, blk.extent[1] * size, p.layout.merged_shape[1] * size, blk.extent[0]};
+    const auto& shape = p.layout.merged_shape;
+    if (rank == 2) return {first, blk.extent[1] * size, shape[1] * size, blk.extent[0]};
     bool contiguous = rank >= 1;
     for (int j = 1; contiguous && j < rank; ++j)
-      contiguous = blk.extent[static_cast<std::size_t>(j)] == p.layout.merged_shape[static_cast<std::size_t>(j)];
-    if (!contiguous) return {};
-    return {first, numel_of(blk.extent) * size, 0, 1};
+      contiguous = blk.extent[static_cast<std::size_t>(j)] == shape[static_cast<std::size_t>(j)];
+    if (contiguous) return {first, numel_of(blk.extent) * size, 0, 1};
+    if (rank < 3) return {};  // a scalar's block of no dimensions (an unbounded target keeps its shape)
+    std::int64_t trailing = 1;  // the elements of one index of the second dimension
+    for (int j = 2; j < rank; ++j) {
+      if (blk.extent[static_cast<std::size_t>(j)] != shape[static_cast<std::size_t>(j)]) return {};
+      trailing *= shape[static_cast<std::size_t>(j)];
+    }
+    return {first, blk.extent[1] * trailing * size, shape[1] * trailing * size, blk.extent[0]};
   }
 
   // The step of block b of p in the calling thread (see "fused host blocks"). `side_fetch`: the

@@ -203,6 +203,54 @@ void syrk_lower(Where* where, char trans, std::int64_t n, std::int64_t k, T alph
   });
 }
 
+/// syrk_lower with trans 'T' on the mode unfolding of x, a row-major (outer, n, inner) tensor (A
+/// k x n, k = outer inner, as impl::kernels::UnfoldMode writes it transposed), read from x where
+/// it is, in the same bands: where lather's own SYRK takes the shape (tiled::takes_transposed);
+/// returns false otherwise, having done nothing (the caller unfolds and calls syrk_lower).
+template <class T, class Where>
+bool syrk_lower_unfolded(Where* where, std::int64_t n, std::int64_t outer, std::int64_t inner, T alpha, const T* x,
+                         T beta, T* c, std::int64_t ldc) {
+  const std::int64_t k = outer * inner;
+  if (!tiled::takes_transposed<T>(n, k, alpha)) return false;
+  const auto w = on(where);
+  const int p = w.parts(n);
+  if (p <= 1) {
+    tiled::syrk_columns_unfolded<T>('L', n, outer, inner, alpha, x, beta, c, ldc, 0, n);
+    return true;
+  }
+  const std::int64_t bands = 2 * static_cast<std::int64_t>(p);
+  const std::int64_t width = ((n + bands - 1) / bands + align - 1) / align * align;
+  auto band = [=](std::int64_t b) {
+    const std::int64_t j0 = std::min(n, b * width), j1 = std::min(n, (b + 1) * width);
+    if (j1 > j0) tiled::syrk_columns_unfolded<T>('L', n, outer, inner, alpha, x, beta, c, ldc, j0, j1);
+  };
+  w.run(p, [=](int t) {
+    band(t);
+    band(bands - 1 - t);
+  });
+  return true;
+}
+
+/// tiled::symm_right_mode over all m = outer inner rows, split into row parts as symm's 'R'
+/// (the same bits in any split; y may be x): where tiled::takes_symm_right_mode; returns false
+/// otherwise, having done nothing.
+template <class T, class Where>
+bool symm_right_mode(Where* where, char uplo, std::int64_t outer, std::int64_t d, std::int64_t inner, T alpha,
+                     const T* a, std::int64_t lda, const T* x, T* y) {
+  const std::int64_t m = outer * inner;
+  if (!tiled::takes_symm_right_mode<T>(m, d, inner, alpha)) return false;
+  const auto w = on(where);
+  const int p = w.parts(m);
+  if (p <= 1) {
+    tiled::symm_right_mode<T>(uplo, 0, m, d, inner, alpha, a, lda, x, y);
+    return true;
+  }
+  w.run(p, [=](int t) {
+    tiled::symm_right_mode<T>(uplo, boundary(m, p, t), boundary(m, p, t + 1), d, inner, alpha, a, lda, x, y);
+  });
+  return true;
+}
+
 /// C (m x n) = alpha A B + beta C (`side` 'L') or alpha B A + beta C (`side` 'R'), A symmetric
 /// (blas::symm), split along the dimension that A does not span: columns for 'L', rows for 'R'.
 template <class T, class Where>

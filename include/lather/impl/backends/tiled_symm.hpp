@@ -27,6 +27,14 @@
 /// m = 1152, d = 128: 203-210 -> 161-175 (in place: 190-194). Against OpenBLAS' Haswell (AVX2)
 /// kernels, in cache: 'L' 1.9-2x as fast at orders 256-1024, 'R' 1.8x at 256.
 ///
+/// symm_right_mode: the product along a row-major (outer, d, inner) tensor's middle mode (B's
+/// row r the elements (r / inner, ., r % inner)) with the same tiles, in place: each panel of
+/// 96 rows is gathered from the tensor by masked loads of the runs of `inner` consecutive rows
+/// (the copy the tall 'R' products make anyway), its C goes into a panel of the thread's buffer
+/// and is scattered back by masked stores; without it the block is unfolded before the product
+/// and folded after it, two passes over it (eighteenth session: a (256, 256, 9) block 1468 ->
+/// 1356 us; docs/performance-history.md).
+///
 /// Bits: C(i, j) is alpha times one chain of FMAs over p = 0, 1, ..., d - 1 (plus beta C; C is
 /// not read where beta is 0) - independent of the tile the element falls in, of the copies, and
 /// of how rows ('R') or columns ('L') are split over threads (blas::split::symm). Not
@@ -348,6 +356,97 @@ LATHER_AVX512_FN void symm_right_avx512(bool upper, std::int64_t m, std::int64_t
   }
 }
 
+// symm_right_mode's scratch for a panel of C (96 x 256 floats) in transposed_buffer(), after A's
+// strips (256 x 256 at most).
+inline constexpr std::int64_t symm_mode_offset = symm_strips_offset + symm_right_max_dim * symm_right_max_dim;
+static_assert(symm_mode_offset + symm_block_rows * symm_right_max_dim <= (max_dim + 32) * chunk<float>,
+              "the C panel must fit in transposed_buffer()");
+
+// Rows [r0, r1) of the middle-mode matrix of a row-major (outer, d, inner) tensor (row r = g inner
+// + e at element g d inner + e, column p inner further on) as runs of consecutive rows within
+// one g, per vector of 16 rows from r0: mask[v][j] the lanes of run j, offset[v][j] where lane
+// 0 of that run's load or store would lie (lane l of the run at offset + l + p inner).
+struct ModeRuns {
+  static constexpr int vectors = static_cast<int>(symm_block_rows / 16);
+  __mmask16 mask[vectors][16];
+  std::int64_t offset[vectors][16];
+  int runs[vectors];
+  int count = 0;  // vectors
+  ModeRuns(std::int64_t r0, std::int64_t r1, std::int64_t d, std::int64_t inner) {
+    for (std::int64_t v0 = r0; v0 < r1; v0 += 16, ++count) {
+      const auto nl = static_cast<int>(std::min<std::int64_t>(16, r1 - v0));
+      int n = 0;
+      for (int l = 0; l < nl;) {
+        const std::int64_t r = v0 + l, g = r / inner, e = r - g * inner;
+        const auto len = static_cast<int>(std::min<std::int64_t>(nl - l, inner - e));
+        mask[count][n] = static_cast<__mmask16>(((1u << len) - 1u) << l);
+        offset[count][n++] = g * d * inner + e - l;
+        l += len;
+      }
+      runs[count] = n;
+    }
+  }
+};
+
+// The copy fetches the rows' elements this many columns ahead.
+inline constexpr std::int64_t symm_mode_ahead = 16;
+// panel(r - r0, p) = B(r, p) for the rows of `runs`, B the middle-mode matrix of x (ModeRuns).
+LATHER_AVX512_FN void symm_copy_mode_rows(std::int64_t d, std::int64_t inner, const float* x, const ModeRuns& runs,
+                                          float* panel, std::int64_t ldp) {
+  for (std::int64_t p = 0; p < d; ++p) {
+    const float* const xp = x + p * inner;
+    for (int v = 0; v < runs.count; ++v) {
+      __m512 r = _mm512_setzero_ps();
+      __mmask16 all = 0;
+      for (int j = 0; j < runs.runs[v]; ++j) {
+        r = _mm512_mask_loadu_ps(r, runs.mask[v][j], xp + runs.offset[v][j]);
+        all = static_cast<__mmask16>(all | runs.mask[v][j]);
+        _mm_prefetch(reinterpret_cast<const char*>(xp + symm_mode_ahead * inner + runs.offset[v][j]), _MM_HINT_T0);
+      }
+      _mm512_mask_storeu_ps(panel + p * ldp + 16 * v, all, r);
+    }
+  }
+}
+
+// y's elements of B(r, j) = panel(r - r0, j) for the rows of `runs` (ModeRuns), j < d.
+LATHER_AVX512_FN void symm_store_mode_rows(std::int64_t d, std::int64_t inner, const float* panel, std::int64_t ldp,
+                                           const ModeRuns& runs, float* y) {
+  for (std::int64_t j = 0; j < d; ++j) {
+    float* const yj = y + j * inner;
+    for (int v = 0; v < runs.count; ++v) {
+      const __m512 r = _mm512_loadu_ps(panel + j * ldp + 16 * v);
+      for (int k = 0; k < runs.runs[v]; ++k) _mm512_mask_storeu_ps(yj + runs.offset[v][k], runs.mask[v][k], r);
+    }
+  }
+}
+
+// Rows [m0, m1) of symm_right_mode: per panel of 96 rows, B's rows gathered from x, the strips'
+// tiles into the C panel, the C panel scattered to y (rows read before any of them is written:
+// y may be x).
+LATHER_AVX512_FN void symm_right_mode_avx512(bool upper, std::int64_t m0, std::int64_t m1, std::int64_t d,
+                                             std::int64_t inner, float alpha, const float* a, std::int64_t lda,
+                                             const float* x, float* y) {
+  float* const panel = transposed_buffer();
+  float* const strips = panel + symm_strips_offset;
+  float* const cp = panel + symm_mode_offset;
+  symm_pack_strips(upper, d, a, lda, strips);
+  for (std::int64_t r0 = m0; r0 < m1; r0 += symm_block_rows) {
+    const std::int64_t r1 = std::min(m1, r0 + symm_block_rows), rows = r1 - r0;
+    const ModeRuns runs(r0, r1, d, inner);
+    symm_copy_mode_rows(d, inner, x, runs, panel, symm_block_rows);
+    for (std::int64_t j = 0; j < d; j += tile_columns) {
+      const auto nc = static_cast<int>(std::min<std::int64_t>(tile_columns, d - j));
+      if (nc < tile_columns)
+        symm_narrow<float, tile_columns>(nc, upper, 0, rows, d, alpha, a, lda, strips, panel, symm_block_rows, 0.0f, cp,
+                                         symm_block_rows, j);
+      else
+        symm_column<float, tile_columns, false, true>(upper, 0, rows, d, alpha, a, lda, strips, panel, symm_block_rows,
+                                                      0.0f, cp, symm_block_rows, j);
+    }
+    symm_store_mode_rows(d, inner, cp, symm_block_rows, runs, y);
+  }
+}
+
 // Side 'L' (C = alpha A B + beta C, C m x n): the tiles' vectors are rows of A, which a stored
 // triangle holds as columns on one side of the diagonal only. So rows [r0, r1) of A are first
 // copied into a panel (column-major, ld symm_block_rows, every column p < m), in 16 x 16 blocks:
@@ -485,6 +584,44 @@ void symm_left(char uplo, std::int64_t m, std::int64_t n, T alpha, const T* a, s
     detail::symm_left_avx512(uplo == 'U' || uplo == 'u', m, n, alpha, a, lda, b, ldb, beta, c, ldc);
 #else
   (void)uplo, (void)m, (void)n, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+#endif
+}
+
+/// The smallest order symm_right_mode takes: below it the gathered copy costs what the two passes
+/// do (1 thread, Zen 5 VM, against UnfoldMode, symm_right and the fold; the tensor in L3 or
+/// memory): (256, 256, 9) 1468 -> 1356 us, (128, 128, 9) 222 -> 195, (103, 100, 5) 71 -> 63,
+/// (64, 64, 9) 30.9 -> 30.4, (20, 40, 49) 18.8 -> 19.3.
+inline constexpr std::int64_t symm_mode_min_dim = 64;
+
+/// Whether symm_right_mode runs here: floats where the 'R' tiles copy A into strips (m = outer
+/// inner >= 512 rows) of order symm_mode_min_dim to 256, a mode with something after it (inner
+/// >= 2; inner 1 is a plain SYMM 'L').
+template <class T>
+inline bool takes_symm_right_mode(std::int64_t m, std::int64_t d, std::int64_t inner, T alpha) {
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  return std::is_same_v<T, float> && inner >= 2 && d >= symm_mode_min_dim && m >= detail::symm_strip_rows &&
+         takes_symm_right<T>(m, d, alpha);
+#else
+  (void)m, (void)d, (void)inner, (void)alpha;
+  return false;
+#endif
+}
+
+/// The mode product of a row-major (outer, d, inner) tensor x along its middle mode, rows [m0,
+/// m1) of the m = outer inner rows: y's B(r, j) = alpha sum_p B(r, p) A(p, j), B(r, p) the element
+/// (r / inner, p, r % inner), A (d x d) symmetric of which the `uplo` triangle is read (lda >= d).
+/// The same bits as impl::kernels::UnfoldMode, symm_right (beta 0) and the fold back: the
+/// unfolding and the fold are the 'R' tiles' copy of B's rows into panels and a scatter of each
+/// panel of C, in cache, instead of two passes over the tensor. y may be x (each panel's rows
+/// are read before they are written; other rows are not touched). Where takes_symm_right_mode.
+template <class T>
+void symm_right_mode(char uplo, std::int64_t m0, std::int64_t m1, std::int64_t d, std::int64_t inner, T alpha,
+                     const T* a, std::int64_t lda, const T* x, T* y) {
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  if constexpr (std::is_same_v<T, float>)
+    detail::symm_right_mode_avx512(uplo == 'U' || uplo == 'u', m0, m1, d, inner, alpha, a, lda, x, y);
+#else
+  (void)uplo, (void)m0, (void)m1, (void)d, (void)inner, (void)alpha, (void)a, (void)lda, (void)x, (void)y;
 #endif
 }
 

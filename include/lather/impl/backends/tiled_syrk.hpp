@@ -4,8 +4,10 @@
 /// 17 <= n <= 1024 floats (9 <= n <= 1024 doubles) on AVX-512 CPUs: register tiles of 3 vectors
 /// of rows by 8 columns of C, reading A where it is (no packing), k in chunks of 1 KiB per
 /// column. Floats with trans 'T' (C = alpha A^T A + beta C) too: each chunk of A transposed
-/// into a per-thread buffer first. impl::blas::syrk and blas::split::syrk_lower send these
-/// shapes here.
+/// into a per-thread buffer first (with A the middle-mode unfolding of a row-major (outer, n,
+/// inner) tensor, syrk_columns_unfolded, the transposition gathers it from the tensor: the
+/// unfolding's pass saved). impl::blas::syrk and blas::split::syrk_lower (syrk_lower_unfolded)
+/// send these shapes here.
 ///
 /// Why: a row-major block's factor of its last dimension is this SYRK (its column-major view
 /// times its transpose), and OpenBLAS 0.3.21 runs it well below its GEMM rate at Shampoo's block
@@ -400,8 +402,15 @@ LATHER_AVX512_FN void transpose16(__m512 r[16]) {
   }
 }
 
+// Blocks ahead whose lines transpose_rows prefetches in each of its 16 rows: A's 16 rows are 16
+// streams lda apart, which the hardware's prefetchers did not keep ahead of (Zen 5 VM, 1 thread,
+// a 2304 x 256 A: 89.5 -> 62 us with A in the L3, 130 -> 82.5 from memory; 4 blocks ahead the
+// same).
+inline constexpr std::int64_t transpose_ahead = 2;
+
 // b(i, p) = a(p, i) for rows i in [r0, r1) (r0 a multiple of 16) and p in [0, kk): a is k x n
-// column-major (lda), b n x kk (ldb), in 16 x 16 blocks, the edges masked.
+// column-major (lda), b n x kk (ldb), in 16 x 16 blocks, the edges masked. (The prefetches may
+// reach past kk or past A: hints, which never fault.)
 LATHER_AVX512_FN void transpose_rows(std::int64_t kk, const float* a, std::int64_t lda, std::int64_t r0, std::int64_t r1,
                                      float* b, std::int64_t ldb) {
   for (std::int64_t i0 = r0; i0 < r1; i0 += 16) {
@@ -410,6 +419,9 @@ LATHER_AVX512_FN void transpose_rows(std::int64_t kk, const float* a, std::int64
     for (std::int64_t p0 = 0; p0 < kk; p0 += 16) {
       const auto np = static_cast<int>(std::min<std::int64_t>(16, kk - p0));
       const auto steps = static_cast<__mmask16>(np == 16 ? 0xFFFFu : (1u << np) - 1u);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c)
+        if (c < ni) _mm_prefetch(reinterpret_cast<const char*>(a + p0 + 16 * transpose_ahead + (i0 + c) * lda), _MM_HINT_T0);
       __m512 r[16];
 #pragma GCC unroll 16
       for (int c = 0; c < 16; ++c) r[c] = c < ni ? _mm512_maskz_loadu_ps(steps, a + p0 + (i0 + c) * lda) : _mm512_setzero_ps();
@@ -432,6 +444,71 @@ LATHER_AVX512_FN void syrk_columns_transposed_avx512(bool lower, std::int64_t n,
   for (std::int64_t p0 = 0; p0 < k; p0 += chunk<float>) {
     const std::int64_t kk = std::min(chunk<float>, k - p0);
     transpose_rows(kk, a + p0, lda, r0, r1, buffer, ldb);
+    syrk_columns_avx512<float>(lower, n, kk, alpha, buffer, ldb, p0 == 0 ? beta : 1.0f, c, ldc, j0, j1);
+  }
+}
+
+// transpose_rows for the mode unfolding of x, a row-major (outer, n, inner) tensor: A(p, i) =
+// x[(p / inner) n inner + i inner + p % inner] (A k x n, k = outer inner, the unfolding
+// impl::kernels::UnfoldMode writes as A^T) for p in [p0, p0 + kk), rows i in [r0, r1) (r0 a
+// multiple of 16), into b(i, p - p0). Each group of 16 steps of k is at most 16 runs of
+// consecutive p within one slab x[g n inner ...] (3 for inner = 9), every run one masked load per
+// row at a shifted address; the same 16 x 16 transposition then. Groups of p outermost: each
+// slab's rows are read in order.
+LATHER_AVX512_FN void transpose_unfolded_rows(std::int64_t kk, std::int64_t p0, std::int64_t k_end, const float* x,
+                                              std::int64_t n, std::int64_t inner, std::int64_t r0, std::int64_t r1,
+                                              float* b, std::int64_t ldb) {
+  const std::int64_t slab = n * inner;
+  __mmask16 mask[16];
+  std::int64_t offset[16];
+  for (std::int64_t q0 = 0; q0 < kk; q0 += 16) {
+    const auto np = static_cast<int>(std::min<std::int64_t>(16, kk - q0));
+    int runs = 0;
+    for (int l = 0; l < np;) {
+      const std::int64_t p = p0 + q0 + l, g = p / inner, e = p - g * inner;
+      const auto len = static_cast<int>(std::min<std::int64_t>(np - l, inner - e));
+      mask[runs] = static_cast<__mmask16>(((1u << len) - 1u) << l);
+      offset[runs++] = g * slab + e - l;  // lane l of the run reads x[g slab + e + i inner]
+      l += len;
+    }
+    // The slabs of the group of p transpose_ahead groups on (its first and last p's: every
+    // slab between), whose rows this group's row blocks prefetch as they go.
+    const std::int64_t pa = p0 + q0 + 16 * transpose_ahead;
+    const std::int64_t ga = pa / inner, gb = std::min(pa + 15, k_end - 1) / inner;
+    for (std::int64_t i0 = r0; i0 < r1; i0 += 16) {
+      const auto ni = static_cast<int>(std::min<std::int64_t>(16, r1 - i0));
+      const auto rows = static_cast<__mmask16>(ni == 16 ? 0xFFFFu : (1u << ni) - 1u);
+      const float* const xi = x + i0 * inner;
+      if (pa < k_end)
+        for (std::int64_t g = ga; g <= gb; ++g)
+          for (std::int64_t o = 0; o < ni * inner + 16; o += 16)
+            _mm_prefetch(reinterpret_cast<const char*>(xi + g * slab + o), _MM_HINT_T0);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) {
+        r[c] = _mm512_setzero_ps();
+        if (c < ni)
+          for (int j = 0; j < runs; ++j) r[c] = _mm512_mask_loadu_ps(r[c], mask[j], xi + offset[j] + c * inner);
+      }
+      transpose16(r);
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q)
+        if (q < np) _mm512_mask_storeu_ps(b + i0 + (q0 + q) * ldb, rows, r[q]);
+    }
+  }
+}
+
+// syrk_columns_transposed_avx512 of A^T A with A the mode unfolding of x (transpose_unfolded_rows):
+// the unfolding's copy and the transposition's in one pass.
+LATHER_AVX512_FN void syrk_columns_unfolded_avx512(bool lower, std::int64_t n, std::int64_t outer, std::int64_t inner,
+                                                   float alpha, const float* x, float beta, float* c, std::int64_t ldc,
+                                                   std::int64_t j0, std::int64_t j1) {
+  float* const buffer = transposed_buffer();
+  const std::int64_t ldb = transposed_ld(n), k = outer * inner;
+  const std::int64_t r0 = lower ? j0 / 16 * 16 : 0, r1 = lower ? n : std::min(n, j1);
+  for (std::int64_t p0 = 0; p0 < k; p0 += chunk<float>) {
+    const std::int64_t kk = std::min(chunk<float>, k - p0);
+    transpose_unfolded_rows(kk, p0, k, x, n, inner, r0, r1, buffer, ldb);
     syrk_columns_avx512<float>(lower, n, kk, alpha, buffer, ldb, p0 == 0 ? beta : 1.0f, c, ldc, j0, j1);
   }
 }
@@ -464,6 +541,22 @@ void syrk_columns_transposed(char uplo, std::int64_t n, std::int64_t k, T alpha,
     detail::syrk_columns_transposed_avx512(uplo == 'L' || uplo == 'l', n, k, alpha, a, lda, beta, c, ldc, j0, j1);
 #else
   (void)uplo, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)beta, (void)c, (void)ldc, (void)j0, (void)j1;
+#endif
+}
+
+/// syrk_columns_transposed with A (k x n, k = outer inner) the mode unfolding of x, a row-major
+/// (outer, n, inner) tensor: C = alpha X_(1) X_(1)^T + beta C, X_(1) the n x k matrix of x's
+/// middle mode (impl::kernels::UnfoldMode's layout), read from x where it is. Where
+/// takes_transposed<T>(n, outer inner, alpha); the same bits as UnfoldMode followed by
+/// syrk_columns_transposed (the same buffer, filled in one pass instead of two).
+template <class T>
+void syrk_columns_unfolded(char uplo, std::int64_t n, std::int64_t outer, std::int64_t inner, T alpha, const T* x,
+                           T beta, T* c, std::int64_t ldc, std::int64_t j0, std::int64_t j1) {
+#ifdef LATHER_HAS_AVX512_DISPATCH
+  if constexpr (std::is_same_v<T, float>)
+    detail::syrk_columns_unfolded_avx512(uplo == 'L' || uplo == 'l', n, outer, inner, alpha, x, beta, c, ldc, j0, j1);
+#else
+  (void)uplo, (void)n, (void)outer, (void)inner, (void)alpha, (void)x, (void)beta, (void)c, (void)ldc, (void)j0, (void)j1;
 #endif
 }
 
