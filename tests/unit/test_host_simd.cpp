@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The host loops' run-time AVX-512 and AVX forms (impl/kernels/host_simd.hpp) against the scalar
 // kernels, bit for bit: Shampoo's grafting norm (host_block_sq_norm: 8 partial sums, element q
-// into partial q % 8) and filter loop (host_filter_wide), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each
+// into partial q % 8), filter loop (host_filter_wide) and update loop (host_update_row), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each
 // with the wide path taken where the CPU has it, limited to AVX and forced off (the SSE2 / scalar
 // form), at lengths around every vector and tail edge and from unaligned starts; the screen's
 // NaN/Inf count (host_count_nonfinite) against a plain count; then whole
@@ -143,6 +143,35 @@ void check_adam_range() {
   }
 }
 
+// f() in mode 1 (the widest form the CPU has), 2 (forced off: SSE2 / scalar) or 3 (at most AVX).
+template <class F>
+void in_simd_mode(int mode, const F& f) {
+  if (mode == 2) {
+    const ScopedBaselineSimd off;
+    f();
+  } else if (mode == 3) {
+    const ScopedSimdLimit at_most(SimdLimit::avx);
+    f();
+  } else {
+    f();
+  }
+}
+
+// run(0), the scalar reference, against run(1), run(2) and run(3) (in_simd_mode's modes), bit
+// for bit (memcmp of every element).
+template <class T, class Run>
+void check_modes_same_bits(const Run& run) {
+  const std::vector<T> expected = run(0);
+  for (const int mode : {1, 2, 3}) {
+    CAPTURE(mode);
+    const std::vector<T> got = run(mode);
+    REQUIRE(got.size() == expected.size());
+    bool same = true;
+    for (std::size_t i = 0; i < expected.size(); ++i) same = same && std::memcmp(&got[i], &expected[i], sizeof(T)) == 0;
+    CHECK(same);
+  }
+}
+
 // Shampoo's filter loop (host_filter_wide: the wide part of the fused host path's filtering,
 // the caller finishing the tail) against FilterAndGraft element by element, in every form the
 // fused path vectorizes (grafting state or not, filtered gradient or not, a separate beta3, bias
@@ -174,33 +203,17 @@ void check_filter_form() {
             g.data(), f.data(), v.data(), out.data(), k.beta1, k.one_minus_beta1, Beta3 ? k.beta3 : k.beta1,
             Beta3 ? k.one_minus_beta3 : k.one_minus_beta1, k.bias_correction1, Beta1, Beta3, Bias, graft, State, false};
         std::int64_t q = begin;
-        auto wide = [&] {
-          q += lather::impl::kernels::host_filter_wide<State, Beta1, Beta3, Bias>(
-              g.data() + begin, f.data() + begin, v.data() + begin, out.data() + begin, n - begin, k);
-        };
-        if (mode == 1) {
-          wide();
-        } else if (mode == 2) {
-          const ScopedBaselineSimd off;
-          wide();
-        } else if (mode == 3) {
-          const ScopedSimdLimit at_most(SimdLimit::avx);
-          wide();
-        }
+        if (mode != 0)
+          in_simd_mode(mode, [&] {
+            q += lather::impl::kernels::host_filter_wide<State, Beta1, Beta3, Bias>(
+                g.data() + begin, f.data() + begin, v.data() + begin, out.data() + begin, n - begin, k);
+          });
         for (; q < n; ++q) functor(q);
         f.insert(f.end(), v.begin(), v.end());
         f.insert(f.end(), out.begin(), out.end());
         return f;
       };
-      const auto expected = run(0);
-      for (const int mode : {1, 2, 3}) {
-        CAPTURE(mode);
-        const auto got = run(mode);
-        REQUIRE(got.size() == expected.size());
-        bool same = true;
-        for (std::size_t i = 0; i < expected.size(); ++i) same = same && std::memcmp(&got[i], &expected[i], sizeof(T)) == 0;
-        CHECK(same);
-      }
+      check_modes_same_bits<T>(run);
     }
   }
 }
@@ -215,6 +228,67 @@ void check_filter() {
   check_filter_form<T, false, true, false, true>();   // SGD or no grafting
   check_filter_form<T, false, true, true, false>();
   check_filter_form<T, false, false, false, false>();
+}
+
+// Shampoo's update loop (host_update_row: the fused host path's update, the grafting ratio
+// applied as it reads the direction) against ApplyUpdate element by element on the direction
+// scaled first (the per-parameter path's order), with and without decay, momentum and Nesterov,
+// with the wide path taken, limited to AVX (no AVX form: the scalar loop) and forced off, at
+// lengths around every vector and tail edge (and the prefetch distance) and from unaligned
+// starts. Bits compared (memcmp) for the parameter and the momentum.
+template <class T, bool Decay, bool Momentum, bool Nesterov>
+void check_update_form() {
+  auto sizes = lengths();
+  for (const std::int64_t extra : {std::int64_t{255}, std::int64_t{256}, std::int64_t{257}, std::int64_t{300}, std::int64_t{1000}})
+    sizes.push_back(extra);
+  for (const std::int64_t n : sizes) {
+    for (const std::int64_t begin : {std::int64_t{0}, std::int64_t{3}}) {
+      if (begin > n) continue;
+      CAPTURE(Decay);
+      CAPTURE(Momentum);
+      CAPTURE(Nesterov);
+      CAPTURE(n);
+      CAPTURE(begin);
+      const auto w0 = spread<T>(n, 140 + static_cast<std::uint64_t>(n), false);
+      const auto dir = spread<T>(n, 150 + static_cast<std::uint64_t>(n), false);
+      const auto mom0 = spread<T>(n, 160 + static_cast<std::uint64_t>(n), false);
+      const T scale = T(0.37), decay = Decay ? T(0.013) : T(0), momentum = T(0.9), omd = T(0.7), lr = T(0.031);
+      // 0: ApplyUpdate per element on the scaled direction; 1: host_update_row; 2: the same
+      // forced off; 3: at most AVX
+      auto run = [&](int mode) {
+        std::vector<T> w = w0, mom = mom0;
+        if (mode == 0) {
+          std::vector<T> scaled(static_cast<std::size_t>(n));
+          for (std::int64_t q = 0; q < n; ++q) scaled[static_cast<std::size_t>(q)] = dir[static_cast<std::size_t>(q)] * scale;
+          const lather::impl::kernels::ApplyUpdate<T, Kokkos::HostSpace> functor{
+              lather::TensorRef<T, Kokkos::HostSpace>(w.data(), {n}),
+              lather::impl::kernels::Field<const T>(scaled.data()),
+              lather::impl::kernels::Field<T>(Momentum ? mom.data() : nullptr),
+              decay, momentum, omd, lr, Momentum, Nesterov};
+          for (std::int64_t q = begin; q < n; ++q) functor.apply(q, q);
+        } else {
+          const lather::impl::kernels::UpdateScalars<T> k{decay, momentum, omd, T(-lr), scale};
+          in_simd_mode(mode, [&] {
+            lather::impl::kernels::host_update_row<Decay, Momentum, Nesterov>(
+                w.data() + begin, dir.data() + begin, Momentum ? mom.data() + begin : nullptr, n - begin, k);
+          });
+        }
+        w.insert(w.end(), mom.begin(), mom.end());
+        return w;
+      };
+      check_modes_same_bits<T>(run);
+    }
+  }
+}
+
+template <class T>
+void check_update() {
+  check_update_form<T, false, false, false>();  // the default: no decay, no momentum
+  check_update_form<T, true, false, false>();
+  check_update_form<T, false, true, false>();
+  check_update_form<T, true, true, false>();
+  check_update_form<T, false, true, true>();
+  check_update_form<T, true, true, true>();
 }
 
 // The filter loop carrying the grafting norm (host_filter_norm_wide, the fused host path's form
@@ -394,6 +468,11 @@ TEST_CASE("host SIMD: the grafting norm gives the plain sum's bits with AVX-512,
 TEST_CASE("host SIMD: Shampoo's filter loop gives FilterAndGraft's bits with AVX-512, AVX and SSE2") {
   check_filter<float>();
   check_filter<double>();
+}
+
+TEST_CASE("host SIMD: Shampoo's update loop gives ApplyUpdate's bits with AVX-512 and without") {
+  check_update<float>();
+  check_update<double>();
 }
 
 TEST_CASE("host SIMD: the filter loop carrying the grafting norm gives the two passes' bits") {

@@ -2593,22 +2593,14 @@ class Shampoo {
     if (run_filter_rows(k, [&](const auto& fn) { fn(k.grad.data(), std::int64_t(0), n); })) return;
     for (std::int64_t q = 0; q < n; ++q) k(q);
   }
-  // `scale`: the grafting ratio, applied here instead of in a pass of its own (dir[c] * scale is
-  // the multiplication that pass did; 1 multiplies exactly).
+  // `scale`: the grafting ratio, applied here instead of in a pass of its own
+  // (impl::kernels::host_update_row: AVX-512 where the CPU has it, the same bits).
   template <bool Decay, bool Momentum, bool Nesterov>
   static void update_row(value_type* __restrict w, const value_type* __restrict dir, value_type* __restrict mom,
                          std::int64_t len, const impl::kernels::ApplyUpdate<value_type, memory_space>& k, value_type scale) {
-    for (std::int64_t c = 0; c < len; ++c) {
-      value_type pc = dir[c] * scale;
-      if constexpr (Decay) pc = pc + k.decay * w[c];
-      if constexpr (Momentum) {
-        const value_type m = mom[c] * k.momentum + k.one_minus_dampening * pc;
-        mom[c] = m;
-        pc = Nesterov ? pc * k.one_minus_dampening + k.momentum * m : m;
-      }
-      const value_type delta = (-k.lr) * pc;
-      w[c] = w[c] + delta;
-    }
+    impl::kernels::host_update_row<Decay, Momentum, Nesterov>(
+        w, dir, mom, len,
+        impl::kernels::UpdateScalars<value_type>{k.decay, k.momentum, k.one_minus_dampening, value_type(-k.lr), scale});
   }
   // `split`: the wide path's crew, which takes a share of a two-dimensional block's rows.
   template <bool Decay, bool Momentum, bool Nesterov>
