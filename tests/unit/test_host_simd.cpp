@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The host loops' run-time AVX-512 and AVX forms (impl/kernels/host_simd.hpp) against the scalar
-// kernels, bit for bit: Shampoo's grafting norm (host_block_sq_norm: 8 partial sums, element q
-// into partial q % 8), filter loop (host_filter_wide) and update loop (host_update_row), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each
+// kernels, bit for bit: Shampoo's grafting norm (host_block_sq_norm: 16 partial sums, element q
+// into partial q % 16), filter loop (host_filter_wide) and update loop (host_update_row), Adam's update (adam_range) and the Adagrad and RMSprop chunk jobs, each
 // with the wide path taken where the CPU has it, limited to AVX and forced off (the SSE2 / scalar
 // form), at lengths around every vector and tail edge and from unaligned starts; the screen's
 // NaN/Inf count (host_count_nonfinite) against a plain count; then whole
@@ -61,11 +61,13 @@ std::vector<T> spread(std::int64_t n, std::uint64_t stream, bool positive) {
 // BlockNorms' terms summed in host_block_sq_norm's documented order, plainly.
 template <class T>
 double plain_sq_norm(const std::vector<T>& x, const std::vector<T>& v, const lather::GraftScalars<T>& g, bool has_state) {
-  double s[8] = {};
+  double s[16] = {};
   for (std::size_t q = 0; q < x.size(); ++q)
-    s[q % 8] += lather::impl::kernels::BlockNorms<T, Kokkos::HostSpace, Kokkos::DefaultHostExecutionSpace>::term(
+    s[q % 16] += lather::impl::kernels::BlockNorms<T, Kokkos::HostSpace, Kokkos::DefaultHostExecutionSpace>::term(
         x[q], has_state ? v[q] : T(0), g, has_state);
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  const double low = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  const double high = ((s[8] + s[9]) + (s[10] + s[11])) + ((s[12] + s[13]) + (s[14] + s[15]));
+  return low + high;
 }
 
 template <class T>
@@ -292,14 +294,14 @@ void check_update() {
 }
 
 // The filter loop carrying the grafting norm (host_filter_norm_wide, the fused host path's form
-// where a block's rows are a multiple of the AVX-512 lanes): row by row, the partial sums carried
-// from row to row, against host_filter_wide over the whole block and then host_block_sq_norm
-// over its output and new state (the two passes it replaces). Filter outputs and norm compared
-// bit for bit; host_filter_norm_fusable must say yes exactly where AVX-512 is used and the rows
-// are whole vectors, and no where the test limits the loops to AVX.
+// where a block's rows are a multiple of 16 elements): row by row, the partial sums carried from
+// row to row, against host_filter_wide over the whole block and then host_block_sq_norm over its
+// output and new state (the two passes it replaces). Filter outputs and norm compared bit for
+// bit; host_filter_norm_fusable must say yes exactly where AVX-512 is used and the rows are
+// multiples of 16 (for doubles two vectors: rows of 8 or 24 would start a row at partial 8), and
+// no where the test limits the loops to AVX.
 template <class T, bool State, bool Beta1, bool Beta3, bool Bias>
 void check_filter_norm_form() {
-  constexpr std::int64_t lanes = sizeof(T) == 4 ? 16 : 8;
   for (const std::int64_t row_len : {std::int64_t{8}, std::int64_t{16}, std::int64_t{24}, std::int64_t{48}, std::int64_t{256}}) {
     for (const std::int64_t rows : {std::int64_t{1}, std::int64_t{2}, std::int64_t{5}}) {
       const std::int64_t n = rows * row_len;
@@ -310,7 +312,7 @@ void check_filter_norm_form() {
       CAPTURE(row_len);
       CAPTURE(rows);
       const bool fusable = lather::impl::kernels::host_filter_norm_fusable<T>(row_len, n);
-      CHECK(fusable == (use_avx512() && row_len % lanes == 0 && n >= 16));
+      CHECK(fusable == (use_avx512() && row_len % 16 == 0 && n >= 16));
       {
         const ScopedSimdLimit at_most(SimdLimit::avx);
         CHECK_FALSE(lather::impl::kernels::host_filter_norm_fusable<T>(row_len, n));
@@ -328,7 +330,7 @@ void check_filter_norm_form() {
       const double expected = lather::impl::kernels::host_block_sq_norm(out1.data(), v1.data(), n, graft, State);
       // One pass, row by row.
       std::vector<T> f2 = f0, v2 = v0, out2(static_cast<std::size_t>(n), T(-7));
-      double s[8] = {};
+      double s[lather::impl::kernels::host_norm_partials] = {};
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t off = r * row_len;
         CHECK(lather::impl::kernels::host_filter_norm_wide<State, Beta1, Beta3, Bias>(

@@ -412,7 +412,7 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
     // At block size 4: blocks (4, 4, 3), (4, 2, 3), (1, 4, 3) and (1, 2, 3), gathered, each row
     // of the first dimension one run of the parameter (the last dimension whole).
     Kokkos::View<T***, Kokkos::LayoutRight, M> m3("m3", 5, 6, 3), gm3("gm3", 5, 6, 3);
-    // At block size 4: rows of 16 elements, a multiple of the AVX-512 lanes, so that the grafting
+    // At block size 4: rows of 16 elements (host_block_sq_norm's step), so that the grafting
     // norm rides along the filter loop (host_filter_norm_fusable): blocks (4, 4, 4) and (1, 4, 4)
     // gathered (q3) and read in place (r3).
     Kokkos::View<T***, Kokkos::LayoutRight, M> q3("q3", 5, 8, 4), gq3("gq3", 5, 8, 4);

@@ -2540,7 +2540,7 @@ class Shampoo {
   // so that the compiler vectorizes them: the functors' per-element option branches and
   // flat-index arithmetic kept these loops scalar (a tenth of a steady gpt2-block step at block
   // size 256 in perf). Other forms run the functors themselves.
-  // `norm`: the grafting norm's 8 partial sums, carried through this row (host_filter_norm_wide;
+  // `norm`: the grafting norm's 16 partial sums, carried through this row (host_filter_norm_wide;
   // the caller checked host_filter_norm_fusable), or null.
   template <bool State, bool Beta1, bool Beta3, bool Bias>
   static void filter_loop(const value_type* __restrict g, value_type* __restrict filtered,
@@ -2725,7 +2725,7 @@ class Shampoo {
     const std::int64_t rows = rank >= 2 && blk.extent[0] > 0 ? blk.extent[0] : 1, row_len = n / rows;
     const std::int64_t grad_stride = row_stride > 0 ? row_stride : row_len;
     // The grafting norm rides along the filter where its rows allow host_block_sq_norm's order.
-    double graft_partial[8] = {};
+    double graft_partial[impl::kernels::host_norm_partials] = {};
     const bool norm_in_filter = Grafting::enabled && !sc.graft_now && parts_of(split, rows, row_len) <= 1 &&
                                 impl::kernels::host_filter_norm_fusable<value_type>(row_len, n);
     const bool by_rows = run_filter_rows(

@@ -584,20 +584,31 @@ struct BlockNorms {
   }
 };
 
-/// The squared norm from host_block_sq_norm's 8 partial sums (its final combination).
-inline double host_sq_norm_of(const double* s) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
+/// Partial sums of host_block_sq_norm: element q goes into partial q % 16.
+inline constexpr int host_norm_partials = 16;
+/// The squared norm from host_block_sq_norm's 16 partial sums (its final combination, pairwise).
+inline double host_sq_norm_of(const double* s) {
+  const double a = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  const double b = ((s[8] + s[9]) + (s[10] + s[11])) + ((s[12] + s[13]) + (s[14] + s[15]));
+  return a + b;
+}
 
 /// Host: the squared Frobenius norm of graft(x) (of x when `has_state` is false) over n
-/// contiguous elements, as BlockNorms' terms summed in 8 interleaved double partial sums (element
-/// q into partial q % 8, combined pairwise at the end). The fixed order gives the same bits with
-/// and without SIMD, in any thread and on either host path; a single running sum was a chain of
-/// dependent additions, and GCC's errno-keeping sqrt kept the loop scalar (a fifth of a steady
-/// gpt2-block step at block size 256 in perf).
+/// contiguous elements, as BlockNorms' terms summed in 16 interleaved double partial sums
+/// (element q into partial q % 16, combined pairwise at the end). The fixed order gives the same
+/// bits with and without SIMD, in any thread and on either host path; a single running sum was a
+/// chain of dependent additions, and GCC's errno-keeping sqrt kept the loop scalar (a fifth of a
+/// steady gpt2-block step at block size 256 in perf). 16 partials, not 8: with AVX-512 a float
+/// vector's two halves then go to two accumulators instead of one after the other into the same
+/// one, which halves the chain of dependent additions the loop waits on (1.6 ms of a steady
+/// resnet50 step at block size 256, 1 thread, Zen 5; 0.089 -> 0.063 ns per element on a block
+/// in the L3 and 0.082 -> 0.051 in the L2, run on 2026-12-01).
 #ifdef LATHER_HAS_AVX512_DISPATCH
-/// acc + y^2 in doubles, the elements of y in order into the 8 lanes (a float vector of 16 is
-/// two steps: its first 8 elements, then its last 8).
+/// acc[0..1] + y^2 in doubles: partials 0-7 in acc[0], 8-15 in acc[1]. A float vector of 16
+/// elements (starting at a multiple of 16) is one step: its first 8 elements into acc[0], its last
+/// 8 into acc[1]; a double vector of 8 goes to acc[half], half = (its first element / 8) % 2.
 template <class T>
-LATHER_AVX512_FN __m512d sq_norm_add_avx512(__m512d acc, typename simd_detail::Avx512<T>::reg y) {
+LATHER_AVX512_FN void sq_norm_add_avx512(__m512d* acc, typename simd_detail::Avx512<T>::reg y, int half = 0) {
   using D = simd_detail::Avx512<double>;
   if constexpr (std::is_same_v<T, float>) {
     // (zero-masked forms: the unmasked ones, _mm512_castps512_ps256 included, trip GCC 12's
@@ -606,115 +617,117 @@ LATHER_AVX512_FN __m512d sq_norm_add_avx512(__m512d acc, typename simd_detail::A
         _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(y), 0)));
     const __m512d hi =
         _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(y), 1)));
-    acc = D::add(acc, D::mul(lo, lo));
-    return D::add(acc, D::mul(hi, hi));
+    acc[0] = D::add(acc[0], D::mul(lo, lo));
+    acc[1] = D::add(acc[1], D::mul(hi, hi));
   } else {
-    return D::add(acc, D::mul(y, y));
+    acc[half] = D::add(acc[half], D::mul(y, y));
   }
 }
 /// host_block_sq_norm's vector loop with AVX-512 (host_simd.hpp): adds elements [0, returned) to
-/// the 8 partial sums s, element q into s[q % 8] in order (one 8-lane accumulator; a float vector
-/// of 16 is two steps of it).
+/// the 16 partial sums s, element q into s[q % 16] in order (two 8-lane accumulators; 16 elements
+/// a step: one float vector, two double ones).
 template <class T>
 LATHER_AVX512_FN std::int64_t host_block_sq_norm_avx512(const T* x, const T* v, std::int64_t n,
                                                         const GraftScalars<T>& graft, bool has_state, double* s) {
   using D = simd_detail::Avx512<double>;
   using S = simd_detail::Avx512<T>;
   const auto bc = S::set1(graft.bias_correction), eps = S::set1(graft.epsilon);
-  D::reg acc = D::set1(0.0);
+  __m512d acc[2] = {D::set1(0.0), D::set1(0.0)};
   std::int64_t q = 0;
-  for (; q + S::lanes <= n; q += S::lanes) {
-    auto y = S::load(x + q);
-    if (has_state) y = S::div(y, S::add(S::sqrt(S::div(S::load(v + q), bc)), eps));  // graft_direction's operations
-    acc = sq_norm_add_avx512<T>(acc, y);
+  for (; q + 16 <= n; q += 16) {
+    for (int h = 0; h < 16 / S::lanes; ++h) {
+      const std::int64_t e = q + h * S::lanes;
+      auto y = S::load(x + e);
+      if (has_state) y = S::div(y, S::add(S::sqrt(S::div(S::load(v + e), bc)), eps));  // graft_direction's operations
+      sq_norm_add_avx512<T>(acc, y, h);
+    }
   }
-  D::store(s, acc);
+  D::store(s, acc[0]);
+  D::store(s + 8, acc[1]);
   return q;
 }
 
-/// The same with AVX (CPUs without AVX-512): two 4-lane double accumulators, element q into
-/// s[q % 8] in order (a float vector of 8 is one step, a double one of 4 half a step).
+/// The same with AVX (CPUs without AVX-512): four 4-lane double accumulators, element q into
+/// s[q % 16] in order (16 elements a step: two float vectors of 8, four double ones of 4).
 template <class T>
 LATHER_AVX_FN std::int64_t host_block_sq_norm_avx(const T* x, const T* v, std::int64_t n, const GraftScalars<T>& graft,
                                                   bool has_state, double* s) {
-  __m256d lo_acc = _mm256_setzero_pd(), hi_acc = _mm256_setzero_pd();
+  __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
   std::int64_t q = 0;
   if constexpr (std::is_same_v<T, float>) {
     const __m256 bc = _mm256_set1_ps(graft.bias_correction), eps = _mm256_set1_ps(graft.epsilon);
-    for (; q + 8 <= n; q += 8) {
-      __m256 y = _mm256_loadu_ps(x + q);
-      if (has_state) y = _mm256_div_ps(y, _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(_mm256_loadu_ps(v + q), bc)), eps));
-      const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(y)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
-      lo_acc = _mm256_add_pd(lo_acc, _mm256_mul_pd(lo, lo));
-      hi_acc = _mm256_add_pd(hi_acc, _mm256_mul_pd(hi, hi));
+    for (; q + 16 <= n; q += 16) {
+      for (int h = 0; h < 2; ++h) {
+        __m256 y = _mm256_loadu_ps(x + q + 8 * h);
+        if (has_state)
+          y = _mm256_div_ps(y, _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(_mm256_loadu_ps(v + q + 8 * h), bc)), eps));
+        const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(y)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
+        a[2 * h] = _mm256_add_pd(a[2 * h], _mm256_mul_pd(lo, lo));
+        a[2 * h + 1] = _mm256_add_pd(a[2 * h + 1], _mm256_mul_pd(hi, hi));
+      }
     }
   } else {
     const __m256d bc = _mm256_set1_pd(graft.bias_correction), eps = _mm256_set1_pd(graft.epsilon);
-    for (; q + 8 <= n; q += 8) {
-      __m256d lo = _mm256_loadu_pd(x + q), hi = _mm256_loadu_pd(x + q + 4);
-      if (has_state) {
-        lo = _mm256_div_pd(lo, _mm256_add_pd(_mm256_sqrt_pd(_mm256_div_pd(_mm256_loadu_pd(v + q), bc)), eps));
-        hi = _mm256_div_pd(hi, _mm256_add_pd(_mm256_sqrt_pd(_mm256_div_pd(_mm256_loadu_pd(v + q + 4), bc)), eps));
+    for (; q + 16 <= n; q += 16) {
+      for (int j = 0; j < 4; ++j) {
+        __m256d y = _mm256_loadu_pd(x + q + 4 * j);
+        if (has_state)
+          y = _mm256_div_pd(y, _mm256_add_pd(_mm256_sqrt_pd(_mm256_div_pd(_mm256_loadu_pd(v + q + 4 * j), bc)), eps));
+        a[j] = _mm256_add_pd(a[j], _mm256_mul_pd(y, y));
       }
-      lo_acc = _mm256_add_pd(lo_acc, _mm256_mul_pd(lo, lo));
-      hi_acc = _mm256_add_pd(hi_acc, _mm256_mul_pd(hi, hi));
     }
   }
-  _mm256_storeu_pd(s, lo_acc);
-  _mm256_storeu_pd(s + 4, hi_acc);
+  for (int j = 0; j < 4; ++j) _mm256_storeu_pd(s + 4 * j, a[j]);
   return q;
 }
 #endif
 
 template <class T>
 inline double host_block_sq_norm(const T* x, const T* v, std::int64_t n, const GraftScalars<T>& graft, bool has_state) {
-  double s[8] = {};
+  double s[host_norm_partials] = {};
   std::int64_t q = 0;
 #ifdef LATHER_HAS_AVX512_DISPATCH
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (n >= 16 && simd_detail::use_avx512()) q = host_block_sq_norm_avx512(x, v, n, graft, has_state, s);
-    else if (n >= 8 && simd_detail::use_avx()) q = host_block_sq_norm_avx(x, v, n, graft, has_state, s);
+    else if (n >= 16 && simd_detail::use_avx()) q = host_block_sq_norm_avx(x, v, n, graft, has_state, s);
   }
 #endif
 #ifdef LATHER_HAS_HOST_NORM_SIMD
   if (q != 0) {
     // an AVX-512 or AVX loop ran; the rest is scalar
   } else if constexpr (std::is_same_v<T, float>) {
-    __m128d a0 = _mm_setzero_pd(), a1 = _mm_setzero_pd(), a2 = _mm_setzero_pd(), a3 = _mm_setzero_pd();
+    // SSE2: eight 2-lane double accumulators, 16 elements (four float vectors of 4) a step.
+    __m128d a[8];
+    for (auto& r : a) r = _mm_setzero_pd();
     const __m128 bc = _mm_set1_ps(graft.bias_correction), eps = _mm_set1_ps(graft.epsilon);
-    for (; q + 8 <= n; q += 8) {
-      __m128 y0 = _mm_loadu_ps(x + q), y1 = _mm_loadu_ps(x + q + 4);
-      if (has_state) {  // x / (sqrt(v / bc) + eps), graft_direction's operations
-        y0 = _mm_div_ps(y0, _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(_mm_loadu_ps(v + q), bc)), eps));
-        y1 = _mm_div_ps(y1, _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(_mm_loadu_ps(v + q + 4), bc)), eps));
-      }
-      const __m128d d0 = _mm_cvtps_pd(y0), d1 = _mm_cvtps_pd(_mm_movehl_ps(y0, y0));
-      const __m128d d2 = _mm_cvtps_pd(y1), d3 = _mm_cvtps_pd(_mm_movehl_ps(y1, y1));
-      a0 = _mm_add_pd(a0, _mm_mul_pd(d0, d0));
-      a1 = _mm_add_pd(a1, _mm_mul_pd(d1, d1));
-      a2 = _mm_add_pd(a2, _mm_mul_pd(d2, d2));
-      a3 = _mm_add_pd(a3, _mm_mul_pd(d3, d3));
-    }
-    _mm_storeu_pd(s, a0);
-    _mm_storeu_pd(s + 2, a1);
-    _mm_storeu_pd(s + 4, a2);
-    _mm_storeu_pd(s + 6, a3);
-  } else if constexpr (std::is_same_v<T, double>) {
-    __m128d a[4] = {_mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd()};
-    const __m128d bc = _mm_set1_pd(graft.bias_correction), eps = _mm_set1_pd(graft.epsilon);
-    for (; q + 8 <= n; q += 8) {
+    for (; q + 16 <= n; q += 16) {
       for (int j = 0; j < 4; ++j) {
+        __m128 y = _mm_loadu_ps(x + q + 4 * j);
+        if (has_state)  // x / (sqrt(v / bc) + eps), graft_direction's operations
+          y = _mm_div_ps(y, _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(_mm_loadu_ps(v + q + 4 * j), bc)), eps));
+        const __m128d d0 = _mm_cvtps_pd(y), d1 = _mm_cvtps_pd(_mm_movehl_ps(y, y));
+        a[2 * j] = _mm_add_pd(a[2 * j], _mm_mul_pd(d0, d0));
+        a[2 * j + 1] = _mm_add_pd(a[2 * j + 1], _mm_mul_pd(d1, d1));
+      }
+    }
+    for (int j = 0; j < 8; ++j) _mm_storeu_pd(s + 2 * j, a[j]);
+  } else if constexpr (std::is_same_v<T, double>) {
+    __m128d a[8];
+    for (auto& r : a) r = _mm_setzero_pd();
+    const __m128d bc = _mm_set1_pd(graft.bias_correction), eps = _mm_set1_pd(graft.epsilon);
+    for (; q + 16 <= n; q += 16) {
+      for (int j = 0; j < 8; ++j) {
         __m128d y = _mm_loadu_pd(x + q + 2 * j);
         if (has_state) y = _mm_div_pd(y, _mm_add_pd(_mm_sqrt_pd(_mm_div_pd(_mm_loadu_pd(v + q + 2 * j), bc)), eps));
         a[j] = _mm_add_pd(a[j], _mm_mul_pd(y, y));
       }
     }
-    for (int j = 0; j < 4; ++j) _mm_storeu_pd(s + 2 * j, a[j]);
+    for (int j = 0; j < 8; ++j) _mm_storeu_pd(s + 2 * j, a[j]);
   }
 #endif
   for (; q < n; ++q) {
     const T y = graft_direction(x[q], has_state ? v[q] : T(0), graft, has_state);
-    s[q % 8] += double(y) * double(y);
+    s[q % host_norm_partials] += double(y) * double(y);
   }
   return host_sq_norm_of(s);
 }
@@ -733,10 +746,10 @@ struct FilterScalars {
 /// 4 lanes wide in the SSE2 loop (perf: the filter was 2% of a steady gpt2-block step at block
 /// size 256 on a Zen 5, its divisions the hot instructions).
 ///
-/// Norm: also adds graft(out) of every element to the 8 partial sums `s` (the grafting's
+/// Norm: also adds graft(out) of every element to the 16 partial sums `s` (the grafting's
 /// second moment as just stored; out itself where !State) exactly as host_block_sq_norm_avx512
-/// would over out and state afterwards, element q into s[q % 8] in order: a caller going over a
-/// block's rows in order, each a multiple of the lanes long, gets that function's bits
+/// would over out and state afterwards, element q into s[q % 16] in order: a caller going over a
+/// block's rows in order, each a multiple of 16 elements long, gets that function's bits
 /// (host_filter_norm_fusable). Why: the norm's two divisions and square root per element were a
 /// pass of their own over the block (1.5% of a steady gpt2-block step at block size 256); here
 /// they overlap the filter's wait for its state from memory.
@@ -750,7 +763,7 @@ LATHER_AVX512_FN std::int64_t host_filter_avx512(const T* g, T* filtered, T* sta
              omb1 = S::set1(k.one_minus_beta1), beta3 = S::set1(k.beta3), omb3 = S::set1(k.one_minus_beta3),
              bc1 = S::set1(k.bias_correction1);
   const auto bc = S::set1(Norm ? graft->bias_correction : T(1)), eps = S::set1(Norm ? graft->epsilon : T(0));
-  D::reg acc = Norm ? D::load(s) : D::set1(0.0);
+  __m512d acc[2] = {Norm ? D::load(s) : D::set1(0.0), Norm ? D::load(s + 8) : D::set1(0.0)};
   std::int64_t q = 0;
   for (; q + S::lanes <= n; q += S::lanes) {
     const auto gq = S::load(g + q);
@@ -771,10 +784,13 @@ LATHER_AVX512_FN std::int64_t host_filter_avx512(const T* g, T* filtered, T* sta
     if constexpr (Norm) {
       auto y = gbar;
       if constexpr (State) y = S::div(y, S::add(S::sqrt(S::div(v, bc)), eps));  // graft_direction's operations
-      acc = sq_norm_add_avx512<T>(acc, y);
+      sq_norm_add_avx512<T>(acc, y, static_cast<int>(q / 8 % 2));  // doubles: the vector's half of 16
     }
   }
-  if constexpr (Norm) D::store(s, acc);
+  if constexpr (Norm) {
+    D::store(s, acc[0]);
+    D::store(s + 8, acc[1]);
+  }
   return q;
 }
 /// The same with AVX (no FMA, so nothing is contracted).
@@ -820,18 +836,18 @@ inline std::int64_t host_filter_wide(const T* g, T* filtered, T* state, T* out, 
 
 /// Whether a block's filter, run row by row in order with rows of `row_len` of its n elements,
 /// can carry its grafting norm (host_filter_norm_wide, host_block_sq_norm's bits): only with
-/// AVX-512, where host_block_sq_norm's vector loop covers the block, with rows a multiple of the
-/// lanes (no scalar tail inside).
+/// AVX-512, with rows a multiple of 16 elements (host_block_sq_norm's step: no scalar tail inside
+/// a row, and each row starts at partial 0).
 template <class T>
 inline bool host_filter_norm_fusable(std::int64_t row_len, std::int64_t n) {
 #ifdef LATHER_HAS_AVX512_DISPATCH
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-    return n >= 16 && row_len > 0 && row_len % simd_detail::Avx512<T>::lanes == 0 && simd_detail::use_avx512();
+    return n >= 16 && row_len > 0 && row_len % host_norm_partials == 0 && simd_detail::use_avx512();
 #endif
   (void)row_len, (void)n;
   return false;
 }
-/// host_filter_wide with the grafting norm's terms of elements [0, returned) added to the 8
+/// host_filter_wide with the grafting norm's terms of elements [0, returned) added to the 16
 /// partial sums `s` (host_filter_avx512's Norm form); only where host_filter_norm_fusable said
 /// so, which leaves no tail (the caller's loop would filter one, outside the norm).
 template <bool State, bool Beta1, bool Beta3, bool Bias, class T>
