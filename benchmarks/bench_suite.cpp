@@ -744,6 +744,40 @@ void set_step(Opt& opt, std::int64_t step) {
   opt.load_state_dict(d);
 }
 
+// LATHER_BENCH_PHASES=1: after a steady cell's measured steps, as many more with
+// Shampoo::set_phase_timing (the step count set back to 100 first, so that none computes roots),
+// reported as phase_ms/<phase> (mean per step; block phases in thread-milliseconds) and
+// products_GFLOP/s_thread: the minimal work over the factor and direction phases (per thread: a
+// rate to hold against one thread's SGEMM). Off by default: the clock reads stay out of the
+// suite's own steps and the run is shorter.
+bool phases_wanted() {
+  const char* e = std::getenv("LATHER_BENCH_PHASES");
+  return e != nullptr && *e != '\0' && std::string(e) != "0";
+}
+
+template <class Opt>
+void phase_counters(benchmark::State& state, Opt& opt, const ExecSpace& space, Model& model, double flops,
+                    std::int64_t steps) {
+  set_step(opt, 100);
+  opt.set_phase_timing(true);
+  lather::impl::ShampooPhaseSeconds sum;
+  double* const parts[] = {&sum.total, &sum.screen, &sum.gather, &sum.factors,
+                           &sum.filter, &sum.direction, &sum.norms, &sum.update};
+  const char* names[] = {"total", "screen", "gather", "factors", "filter", "direction", "norms", "update"};
+  for (std::int64_t k = 0; k < steps; ++k) {
+    opt.step(space, model.grads);
+    const auto& s = opt.last_step_info().seconds;
+    const double got[] = {s.total, s.screen, s.gather, s.factors, s.filter, s.direction, s.norms, s.update};
+    for (std::size_t i = 0; i < std::size(parts); ++i) *parts[i] += got[i];
+  }
+  opt.set_phase_timing(false);
+  if (opt.last_step_info().amortized) fail(state, "a phase-timed step computed roots");
+  for (std::size_t i = 0; i < std::size(parts); ++i)
+    state.counters[std::string("phase_ms/") + names[i]] = *parts[i] / static_cast<double>(steps) * 1e3;
+  const double products = (sum.factors + sum.direction) / static_cast<double>(steps);
+  if (products > 0) state.counters["products_GFLOP/s_thread"] = flops / products * 1e-9;
+}
+
 // kind "steady": precondition_frequency 100; steps 1 and 100 (the first root inverses) untimed,
 // then steps 101, 102, ... timed (none computes a root inverse).
 // kind "root": precondition_frequency 1: every timed step recomputes every inverse root.
@@ -821,6 +855,7 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   const std::string other = other_passes ? (opt.batched_passes() ? "_batched" : "_per_parameter") : "";
   if (!root_step)
     profile_kernels(shampoo_key<Strategy>(set, max_dim, root_step) + other, [&] { opt.step(space, model.grads); });
+  if (!root_step && phases_wanted()) phase_counters(state, opt, space, model, w.flops, state.iterations());
   results()[shampoo_key<Strategy>(set, max_dim, root_step) + other] = {
       t, w.flops, bytes, w.reference_packed, w.reference_full, allocs.heap, allocs.kokkos, best,
       launches.kernels, launches.deep_copies, w.per_element};

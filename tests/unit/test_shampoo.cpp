@@ -394,11 +394,14 @@ void impl_test_vector_blocks(bool packed, bool fused) {
 // beta1 = 0, a separate beta3, no bias correction, graft-only steps before
 // start_preconditioning_step, iterate averaging, full (unpacked) factors; Adam, SGD and no
 // grafting; float and double.
+// Phase timing (set_phase_timing): the fused path times its blocks' phases, the per-parameter
+// kernels only the step's own (block phases 0), and timing changes no bit (the fused run again
+// without it).
 template <class T, class ExecSpace, class Grafting>
 void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) {
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<T, M>;
-  auto run = [&](bool fused) {
+  auto run = [&](bool fused, bool timed) {
     // At block size 4: blocks of 4 x 4, 4 x 1 (a single column, read in place with the row
     // stride: its factor keeps the SYRK), 1 x 4 (a single row: the rank-one pass) and 1 x 1.
     Kokkos::View<T**, Kokkos::LayoutRight, M> w("w", 9, 9), g("g", 9, 9);
@@ -427,6 +430,8 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
     lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, Grafting, lather::ShampooPrecision<T>> opt(params, o, {}, {});
     CHECK(opt.block_concurrency());
     opt.set_block_concurrency(fused);
+    CHECK(!opt.phase_timing());
+    opt.set_phase_timing(timed);
     for (int t = 1; t <= 7; ++t) {
       lather::test::from_host(lather::tensor_ref(g), lather::test::random_values(81, 700 + t));
       lather::test::from_host(lather::tensor_ref(gc), lather::test::random_values(120, 800 + t));
@@ -462,16 +467,41 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
       // Root steps: the roots as host tasks exactly when fused on several threads.
       const bool side_by_side = fused_here && ExecSpace().concurrency() > 1 && opt.last_step_info().amortized;
       CHECK((opt.last_step_info().roots_side_by_side > 0) == side_by_side);
+      const auto& secs = opt.last_step_info().seconds;
+      const double phases[] = {secs.screen, secs.roots, secs.gather, secs.factors, secs.filter, secs.direction, secs.norms, secs.update};
+      if (!timed) {
+        CHECK(secs.total == 0.0);
+        for (const double x : phases) CHECK(x == 0.0);
+        continue;
+      }
+      for (const double x : phases) CHECK(x >= 0.0);
+      CHECK(secs.total > 0.0);
+      CHECK(secs.screen <= secs.total);
+      CHECK(secs.roots <= secs.total);
+      CHECK((secs.roots > 0.0) == opt.last_step_info().amortized);
+      // Each block's phases are parts of its thread's share of the step.
+      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size();
+      CHECK(secs.blocks() <= static_cast<double>(threads) * secs.total);
+      if (fused_here) {
+        // Every block with a gradient updates its factors, filters and updates its parameter
+        // on every step.
+        CHECK(secs.factors > 0.0);
+        CHECK(secs.filter > 0.0);
+        CHECK(secs.update > 0.0);
+      } else {
+        CHECK(secs.blocks() == 0.0);
+      }
     }
     std::vector<std::vector<double>> out;
     for (const auto& p : params) out.push_back(lather::test::to_host(p));
     return out;
   };
-  const auto fused = run(true), per_parameter = run(false);
+  const auto fused = run(true, true), untimed = run(true, false), per_parameter = run(false, true);
   for (std::size_t i = 0; i < fused.size(); ++i) {
     CAPTURE(variant);
     CAPTURE(i);
     CHECK(fused[i] == per_parameter[i]);
+    CHECK(fused[i] == untimed[i]);
   }
 }
 

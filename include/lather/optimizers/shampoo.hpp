@@ -48,6 +48,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -185,6 +186,45 @@ struct ShampooBlockState {
 };
 
 namespace impl {
+/// Where the last step's time went (Shampoo::set_phase_timing), in seconds, for monitoring and
+/// benchmarks: perf's sampling distorts memory-bound passes on some virtual machines (docs/performance.md).
+/// `total` and the step-level phases (`screen`, `roots`) are wall time of the calling thread. The
+/// block phases are measured on the fused host path only (blocks as host tasks; every other path
+/// leaves them 0): each is the time the thread that runs a block spends in that part of it,
+/// summed over the blocks, so on several threads they add up to thread-seconds (a block whose
+/// products all threads share counts its wall time once).
+struct ShampooPhaseSeconds {
+  double total = 0;      ///< the whole step() call
+  double screen = 0;     ///< the gradients' conversion and NaN/Inf screen
+  double roots = 0;      ///< root inverses and other amortized computations (with their fences)
+  double gather = 0;     ///< gradients copied into a block's buffer (blocks not read in place)
+  double factors = 0;    ///< factor updates: Gram products, their combination, backups
+  double filter = 0;     ///< filtering, grafting state (and the grafting norm where it rides along)
+  double direction = 0;  ///< preconditioning products, with unpacking of inverse factors
+  double norms = 0;      ///< grafting and direction norms in passes of their own
+  double update = 0;     ///< the parameter (and momentum) update
+  /// The block phases' sum.
+  [[nodiscard]] double blocks() const noexcept { return gather + factors + filter + direction + norms + update; }
+};
+
+/// Adds the time since the last lap to a phase (nothing when acc is null: timing off).
+class PhaseClock {
+ public:
+  explicit PhaseClock(ShampooPhaseSeconds* acc) : m_acc(acc) {
+    if (m_acc != nullptr) m_last = std::chrono::steady_clock::now();
+  }
+  void lap(double ShampooPhaseSeconds::*phase) {
+    if (m_acc == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    m_acc->*phase += std::chrono::duration<double>(now - m_last).count();
+    m_last = now;
+  }
+
+ private:
+  ShampooPhaseSeconds* m_acc;
+  std::chrono::steady_clock::time_point m_last{};
+};
+
 /// Counts of what the last step did, for tests and monitoring.
 struct ShampooStepInfo {
   bool amortized = false;
@@ -206,6 +246,8 @@ struct ShampooStepInfo {
   /// that differ from what the memory space holds from the previous step (a steady step with
   /// constant options copies only the tables with per-step scalars)
   std::int64_t batched_uploads = 0;
+  /// Where the step's time went: zeros unless Shampoo::set_phase_timing(true)
+  ShampooPhaseSeconds seconds;
 };
 }  // namespace impl
 
@@ -386,6 +428,7 @@ class Shampoo {
     LATHER_THROW_RUNTIME_IF(!m_train, "lather::Shampoo::step: the optimizer is in eval mode (iterate averaging: "
                             "the parameters hold the averaged iterate x); call train() before step(); nothing was changed");
     Kokkos::Profiling::pushRegion(LATHER_LABEL("lather::Shampoo::step"));
+    const auto step_start = m_phase_timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     static_assert(std::is_same_v<typename impl::traits_of<G>::value_type, value_type>,
                   "lather::Shampoo: gradient value_type must equal the parameters' value_type");
     static_assert(
@@ -428,6 +471,7 @@ class Shampoo {
       }
     }
     const auto& pieces = piece_gradients(g);
+    const double screen_seconds = m_phase_timing ? seconds_since(step_start) : 0.0;
 
     // Step counters advance for every group (as the reference does, with or without gradients);
     // so does Schedule-Free's sum of lr^p.
@@ -441,6 +485,7 @@ class Shampoo {
     }
     const impl::ShampooStepInfo info_before = m_info;
     m_info = {};
+    m_info.seconds.screen = screen_seconds;
     const std::int64_t uploads_before = batched_upload_count();
     const auto put_back_counters = [&] {
       for (std::size_t k = 0; k < m_groups.size(); ++k) {
@@ -474,8 +519,13 @@ class Shampoo {
         m_info.grafted = false;  // skip_parameter: as if the skipped parameters had no gradient
         for (std::size_t i = 0; i < m_params.size(); ++i)
           m_info.grafted = m_info.grafted || (computes(i, g) && uses_graft(m_params[i].group));
+        if (m_phase_timing) m_info.seconds.total = seconds_since(step_start);
         return;
       }
+    }
+    if (m_phase_timing) {
+      space.fence();  // the total covers the queued work (device spaces)
+      m_info.seconds.total = seconds_since(step_start);
     }
     Kokkos::Profiling::popRegion();
   }
@@ -502,6 +552,17 @@ class Shampoo {
   /// same time.
   void set_block_concurrency(bool on) noexcept { m_block_concurrency = on; }
   [[nodiscard]] bool block_concurrency() const noexcept { return m_block_concurrency; }
+  /// \brief Whether steps measure where their time goes, into last_step_info().seconds (off by
+  /// default; impl::ShampooPhaseSeconds says what each phase covers). It reads the clock at each
+  /// phase boundary of every block (about 8 reads a block) and fences `space` at the end of a
+  /// step; results do not change. Turning it on allocates one slot per host thread; steps then
+  /// allocate nothing more.
+  void set_phase_timing(bool on) {
+    m_phase_timing = on;
+    const int threads = std::max(1, Kokkos::DefaultHostExecutionSpace().concurrency());
+    if (on && m_thread_seconds.size() < static_cast<std::size_t>(threads)) m_thread_seconds.resize(static_cast<std::size_t>(threads));
+  }
+  [[nodiscard]] bool phase_timing() const noexcept { return m_phase_timing; }
   /// \brief Whether a step runs each of its passes as one kernel over every block of every
   /// parameter (gather, factor combine, filtering, grafting norms and scale, one-dimensional
   /// products, update), instead of kernels per parameter and per block; the two- and more-
@@ -1553,6 +1614,10 @@ class Shampoo {
 
   // ---- the step, in phases -----------------------------------------------------------------
 
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
   void run_step(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
     bool any_amortized = false;
     for (std::size_t i = 0; i < m_params.size(); ++i)
@@ -1606,11 +1671,13 @@ class Shampoo {
     if (status.size() != m_params.size()) status.resize(m_params.size());
     m_status_set.assign(m_params.size(), 0);
     std::exception_ptr error;
+    const auto roots_start = m_phase_timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     try {
       compute_roots(space, g, status);
     } catch (...) {
       error = std::current_exception();
     }
+    if (m_phase_timing) m_info.seconds.roots += seconds_since(roots_start);
     if (exchanges()) {
       std::vector<std::int64_t>& failed = m_failed_ranks;
       failed.assign(static_cast<std::size_t>(m_dist_size), 0);
@@ -2344,6 +2411,26 @@ class Shampoo {
     if constexpr (block_concurrency_possible) {
       const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
       if (threads != m_fused_threads) plan_fused(threads);
+      if (m_phase_timing) {
+        if (m_thread_seconds.size() < static_cast<std::size_t>(threads)) m_thread_seconds.resize(static_cast<std::size_t>(threads));
+        for (auto& t : m_thread_seconds) t.s = {};
+      }
+      // The threads' block phases into the step's (at every return below).
+      struct Collect {
+        Shampoo* self;
+        ~Collect() {
+          if (!self->m_phase_timing) return;
+          auto& to = self->m_info.seconds;
+          for (const auto& t : self->m_thread_seconds) {
+            to.gather += t.s.gather;
+            to.factors += t.s.factors;
+            to.filter += t.s.filter;
+            to.direction += t.s.direction;
+            to.norms += t.s.norms;
+            to.update += t.s.update;
+          }
+        }
+      } collect{this};
       for (std::size_t i = 0; i < m_params.size(); ++i)
         if (direction && computes(i, g)) m_info.grafted = m_info.grafted || uses_graft(m_params[i].group);
       std::int64_t wide = 0;
@@ -2403,7 +2490,7 @@ class Shampoo {
         if (!self->computes(task.param, *g)) continue;
         auto& p = self->m_params[task.param];
         self->fused_block(p, task.block, (*g)[task.param], self->fused_buffers(0, p.blocks[task.block]), factors,
-                          direction, amortize, crew);
+                          direction, amortize, crew, false, {}, self->thread_seconds(0));
       }
       crew->finish();
     }
@@ -2434,10 +2521,16 @@ class Shampoo {
         if (grad.is_row_major_contiguous()) next = block_rows(q, q.blocks[after.block], grad.data());
       }
       self->fused_block(p, task.block, (*g)[task.param], self->fused_buffers(t, p.blocks[task.block]), factors, direction,
-                        amortize, nullptr, alone, next);
+                        amortize, nullptr, alone, next, self->thread_seconds(t));
       token.release(t);
     }
   };
+
+  // Thread t's phase times, or null with phase timing off.
+  impl::ShampooPhaseSeconds* thread_seconds(int t) {
+    return m_phase_timing && static_cast<std::size_t>(t) < m_thread_seconds.size() ? &m_thread_seconds[static_cast<std::size_t>(t)].s
+                                                                                    : nullptr;
+  }
 
   // Thread 0 uses the shared buffers (the wide parameters are done before the tasks start), the
   // others their own.
@@ -2664,7 +2757,9 @@ class Shampoo {
   void fused_block(ParamState& p, std::size_t b, const TensorRef<const value_type, memory_space>& grad,
                    const FusedBuffers& buf, bool factors, bool direction, bool amortize,
                    impl::blas::split::Crew* split = nullptr, bool side_fetch = false,
-                   const impl::blas::tiled::SideFetch::Range& next = {}) {
+                   const impl::blas::tiled::SideFetch::Range& next = {}, impl::ShampooPhaseSeconds* times = nullptr) {
+    impl::PhaseClock clock(times);
+    using Phases = impl::ShampooPhaseSeconds;
     auto& blk = p.blocks[b];
     const auto& o = m_groups[p.group].options;
     const std::int64_t n = numel_of(blk.extent);
@@ -2696,6 +2791,7 @@ class Shampoo {
       } else {
         for_block_elements(p, blk, gather);
       }
+      clock.lap(&Phases::gather);
     }
     if (factors) {
       // `side_fetch` (a block run by the only thread): what the update pass reads from memory
@@ -2715,6 +2811,7 @@ class Shampoo {
       const double beta2 = o.betas[1];
       block_factors(p, b, block_grad, amortize, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, buf.gram, buf.unfolded, split,
                     row_stride);
+      clock.lap(&Phases::factors);
     }
     if (!direction) return;
     const auto graft_state = part(p.graft_state);
@@ -2737,19 +2834,24 @@ class Shampoo {
         },
         norm_in_filter ? graft_partial : nullptr);
     if (!by_rows) run_filter(filter, n);
+    clock.lap(&Phases::filter);
     value_type ratio = value_type(1);  // the grafting scale of the direction x
     if (!sc.graft_now) {
       double graft_sq = 0, direction_sq = 0;
-      if constexpr (Grafting::enabled)
+      if constexpr (Grafting::enabled) {
         graft_sq = by_rows && norm_in_filter
                        ? impl::kernels::host_sq_norm_of(graft_partial)
                        : impl::kernels::host_block_sq_norm(buf.x, graft_state.data(), n, sc.graft, Grafting::has_state);
+        clock.lap(&Phases::norms);
+      }
       block_direction(blk, buf.x, buf.grad, buf.gram, buf.unfolded, split);  // the gradient copy is free now
+      clock.lap(&Phases::direction);
       if constexpr (Grafting::enabled) {
         direction_sq = impl::kernels::host_block_sq_norm<value_type>(buf.x, nullptr, n, sc.graft, false);
         p.norms(b, 0) = graft_sq;
         p.norms(b, 1) = direction_sq;
         ratio = impl::kernels::GraftScale<value_type, memory_space, ExecSpace>::ratio_of(graft_sq, direction_sq);
+        clock.lap(&Phases::norms);
       }
     }
     // The update loops below scale x as they read it; the functor forms need x scaled first.
@@ -2761,6 +2863,7 @@ class Shampoo {
     if (o.iterate_averaging != IterateAveraging::none) {
       scale_x();
       for_block_elements(p, blk, averaged_update_kernel(p, sc, xv, part(p.weight_buffer), nullptr));
+      clock.lap(&Phases::update);
       return;
     }
     const auto update = update_kernel(p, sc, xv, part(p.momentum), nullptr);
@@ -2779,6 +2882,7 @@ class Shampoo {
       update.decay != value_type(0) ? run_update<true, false, false>(p, blk, update, ratio, split)
                                     : run_update<false, false, false>(p, blk, update, ratio, split);
     }
+    clock.lap(&Phases::update);
   }
 
   // The block x multiplied along every preconditioned dimension but `skip` by its inverse factor;
@@ -4450,6 +4554,12 @@ class Shampoo {
   std::vector<std::int64_t> m_failed_ranks;
   NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
   bool m_block_concurrency = true;
+  bool m_phase_timing = false;
+  // Per host thread (a line each, no false sharing): the fused tasks' phase times (set_phase_timing).
+  struct alignas(64) ThreadSeconds {
+    impl::ShampooPhaseSeconds s;
+  };
+  std::vector<ThreadSeconds> m_thread_seconds;
   // Batched passes (see set_batched_passes and "batched passes" above).
   template <class Job>
   using multi_table = impl::kernels::MultiTensorTable<ExecSpace, memory_space, Job>;
