@@ -332,11 +332,53 @@ void check_small_products() {
   // A long sum: a (256, 256, 9) block's last dimension.
   check_small_syrk<T>(9, 65536, 9, 'L', T(1), T(0.999));
 }
+
+// small::syrk_n_runs (split::syrk_lower_runs): a block's last dimension read in its parameter,
+// rows of `run` columns a stride apart, gives the bits of syrk_n on the same columns side by
+// side (the gathered block). Runs shorter, equal and longer than the sums' chunk of 256 columns
+// and not dividing it, a single run, and the (256, 256, 9) block of a (512, 512, 9) convolution;
+// the elements between the runs are NaN, so reading one would show.
+template <class T>
+void check_small_syrk_runs() {
+  namespace blas = lather::impl::blas;
+  constexpr std::int64_t top = std::is_same_v<T, float> ? 16 : 8;
+  struct Case {
+    std::int64_t n, rows, run, gap;  // gap: columns of n between two runs
+  };
+  const Case cases[] = {{1, 3, 5, 2}, {3, 4, 2, 2}, {9, 7, 100, 9}, {9, 3, 256, 1}, {top, 5, 300, 4},
+                        {2, 1, 700, 0}, {5, 40, 13, 7}, {9, 256, 256, 256}};
+  for (const auto& cs : cases) {
+    if (!blas::small::takes<T>(cs.n)) continue;
+    const std::int64_t n = cs.n, k = cs.rows * cs.run, stride = (cs.run + cs.gap) * n;
+    const auto gv = lather::test::random_values(static_cast<std::size_t>(k * n), 4100 + k + n);
+    std::vector<T> tensor(static_cast<std::size_t>(cs.rows * stride), std::numeric_limits<T>::quiet_NaN());
+    std::vector<T> packed(static_cast<std::size_t>(k * n));
+    for (std::int64_t r = 0; r < cs.rows; ++r)
+      for (std::int64_t e = 0; e < cs.run * n; ++e) {
+        const auto v = static_cast<T>(gv[static_cast<std::size_t>(r * cs.run * n + e)]);
+        tensor[static_cast<std::size_t>(r * stride + e)] = v;
+        packed[static_cast<std::size_t>(r * cs.run * n + e)] = v;
+      }
+    const auto cv = lather::test::random_values(static_cast<std::size_t>(n * n), 4200 + n);
+    const std::vector<T> c0(cv.begin(), cv.end());
+    std::vector<T> want = c0, got = c0;
+    blas::small::syrk_n<T>('L', n, k, T(0.25), packed.data(), n, T(0.999), want.data(), n);
+    blas::split::syrk_lower_runs<T>(n, k, T(0.25), tensor.data(), n, cs.run, stride, T(0.999), got.data(), n);
+    INFO("n=", n, " rows=", cs.rows, " run=", cs.run, " gap=", cs.gap);
+    CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(T)) == 0);
+  }
+}
 }  // namespace
 
 TEST_CASE("host BLAS: SYRK 'N' and SYMM 'L' with a dimension of one vector register or less equal the definition") {
   check_small_products<float>();
   check_small_products<double>();
+}
+
+TEST_CASE("host BLAS: the short-dimension SYRK of columns in runs a stride apart has the bits of the runs side by side") {
+  MESSAGE("short-dimension loops on this CPU: ", std::string(lather::impl::blas::small::takes<float>(9) ? "yes" : "no (the BLAS)"));
+  check_small_syrk_runs<float>();
+  check_small_syrk_runs<double>();
 }
 
 namespace {
@@ -450,6 +492,24 @@ void check_unfolded_syrk(Where* where) {
         std::vector<float> lower = c0;
         blas::split::syrk_lower<float>(where, 'T', n, k, 0.5f, u.data(), k, 0.999f, lower.data(), n);
         CHECK(std::memcmp(lower.data(), split.data(), lower.size() * sizeof(float)) == 0);
+        // The same tensor as the block (outer, n, inner) of a wider one (outer, n + 5, inner),
+        // 3 indices into its second dimension, NaN around it: read in place with the slab
+        // stride (syrk_lower_unfolded's and UnfoldMode's `slab`), the same bits.
+        const std::int64_t wide = n + 5, slab = wide * sh.inner;
+        std::vector<float> big(static_cast<std::size_t>(sh.outer * slab), std::numeric_limits<float>::quiet_NaN());
+        for (std::int64_t a = 0; a < sh.outer; ++a)
+          std::copy_n(x.data() + a * n * sh.inner, n * sh.inner, big.data() + a * slab + 3 * sh.inner);
+        const float* block = big.data() + 3 * sh.inner;
+        std::vector<float> strided = c0, unfolded_strided(u.size());
+        REQUIRE(blas::split::syrk_lower_unfolded<float>(where, n, sh.outer, sh.inner, 0.5f, block, 0.999f,
+                                                        strided.data(), n, slab));
+        CHECK(std::memcmp(strided.data(), split.data(), strided.size() * sizeof(float)) == 0);
+        lather::impl::kernels::UnfoldMode<float>{block, unfolded_strided.data(), sh.outer, n, sh.inner, false, slab}.all();
+        CHECK(unfolded_strided == u);
+        std::vector<float> by_rows(u.size());
+        const lather::impl::kernels::UnfoldMode<float> one{block, by_rows.data(), sh.outer, n, sh.inner, false, slab};
+        for (std::int64_t r = 0; r < sh.outer * n; ++r) one(r);
+        CHECK(by_rows == u);
       }
     }
   // Against the definition: C(i, j) = 0.5 sum_(a, b) x(a, i, b) x(a, j, b) + 0.999 C0(i, j).

@@ -387,7 +387,8 @@ void impl_test_vector_blocks(bool packed, bool fused) {
 // on some steps, a parameter whose one block dominates (the wide path inside a fused step on 2
 // threads: products and, at 38400 elements, element passes split over the threads), blocks
 // read from the gradient in place (narrower than the parameter, single rows, single columns, 3-D blocks
-// contiguous in the parameter), 3-D blocks gathered and updated in runs longer than a row (the
+// contiguous in the parameter, 3-D blocks with the last dimension whole: rows a stride apart),
+// 3-D blocks gathered (the last dimension split) and updated in runs longer than a row (the
 // last dimension whole), rows of 16 elements (the grafting norm inside the filter loop, gathered
 // and in place), and the option
 // forms of the vectorized loops: momentum with and without Nesterov, L2 / decoupled decay,
@@ -412,8 +413,10 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
     Kokkos::View<T**, Kokkos::LayoutRight, M> big("big", 300, 128), gbig("gbig", 300, 128);
     // At block size 4: blocks (4, 3, 4) and (1, 3, 4), contiguous in the parameter (read in place).
     Kokkos::View<T***, Kokkos::LayoutRight, M> k3("k3", 5, 3, 4), gk3("gk3", 5, 3, 4);
-    // At block size 4: blocks (4, 4, 3), (4, 2, 3), (1, 4, 3) and (1, 2, 3), gathered, each row
-    // of the first dimension one run of the parameter (the last dimension whole).
+    // At block size 4: blocks (4, 4, 3), (4, 2, 3), (1, 4, 3) and (1, 2, 3), each row of the
+    // first dimension one run of the parameter (the last dimension whole): read from the
+    // gradient in place where the short-dimension SYRK takes their last mode (AVX-512), else
+    // gathered; updated in runs longer than a row.
     Kokkos::View<T***, Kokkos::LayoutRight, M> m3("m3", 5, 6, 3), gm3("gm3", 5, 6, 3);
     // At block size 4: rows of 16 elements (host_block_sq_norm's step), so that the grafting
     // norm rides along the filter loop (host_filter_norm_fusable): blocks (4, 4, 4) and (1, 4, 4)
@@ -1718,11 +1721,14 @@ TEST_CASE_TEMPLATE_APPLY(shampoo_vector_blocks, lather_test_exec_spaces);
 // AVX-512 CPUs (floats): the factor's SYRK reads the unfolding from the block
 // (tiled::syrk_columns_unfolded) and the preconditioning product runs in place
 // (tiled::symm_right_mode, from 512 rows of order 64 to 256), and blocks of a parameter split
-// along its first two dimensions have their rows fetched on the side (one thread). The fused
-// path against the per-parameter kernels (UnfoldMode, SYRK 'T' / SYMM 'R', the fold back), bit
-// for bit, over 5 steps with roots every 2. (300, 130, 9) at block size 128: blocks (128, 128,
-// 9) (both; not contiguous in the parameter), (44, 128, 9) (the SYRK only: 396 rows), (128, 2,
-// 9) and (44, 2, 9) (neither: order 2).
+// along its first two dimensions have their rows fetched on the side (one thread) and are read
+// from the gradient in place (rows of 128 x 9 or 2 x 9 elements, 130 x 9 apart: the first
+// mode's SYRK with that stride, the middle mode's from slabs that far apart, in the tiles or
+// through UnfoldMode, the last mode's in runs). The fused path against the per-parameter
+// kernels (the block gathered; UnfoldMode, SYRK 'T' / SYMM 'R', the fold back), bit for bit,
+// over 5 steps with roots every 2. (300, 130, 9) at block size 128: blocks (128, 128, 9) (both;
+// not contiguous in the parameter), (44, 128, 9) (the SYRK only: 396 rows), (128, 2, 9) and
+// (44, 2, 9) (neither: order 2).
 template <class T, class ExecSpace>
 void impl_test_tiled_middle_modes() {
   using M = typename ExecSpace::memory_space;

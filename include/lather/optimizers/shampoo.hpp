@@ -2139,9 +2139,13 @@ class Shampoo {
       }
       const auto [outer, d, inner] = unfold(blk.extent, k);
       // A two-dimensional block's rows are row_stride apart: the leading dimension of both
-      // products (the second's taking the first branch only for a single row, contiguous).
+      // products (the second's taking the first branch only for a single row, contiguous). So
+      // are a three-dimensional block's rows of its last two dimensions (fused_block's
+      // split_rows): the first mode's leading dimension, the middle mode's slab stride, the last
+      // mode's stride between runs of outer / extent[0] columns.
       const bool strided = blk.extent.size() == 2 && row_stride > 0;
-      if (outer == 1 && inner == 1 && !(strided && k == 0)) {
+      const bool rows3 = blk.extent.size() == 3 && row_stride > 0;
+      if (outer == 1 && inner == 1 && !((strided || rows3) && k == 0)) {
         // A single contiguous vector (a one-dimensional block, a block of one row): L = beta2 L +
         // w x x^T in one pass over the factor, the same bits as SYRK (k = 1) and the combination
         // below, without the d x d Gram matrix. A block of one column read in place (strided)
@@ -2159,18 +2163,24 @@ class Shampoo {
       const auto alpha = in_place ? value_type(weight) : value_type(1);
       const auto beta = in_place ? value_type(beta2) : value_type(0);
       if (outer == 1) {
-        impl::blas::split::syrk_lower<value_type>(split, 'T', d, inner, alpha, x,
-                                                  strided && k == 0 ? row_stride : std::max<std::int64_t>(1, inner),
-                                                  beta, c, std::max<std::int64_t>(1, d));
+        impl::blas::split::syrk_lower<value_type>(
+            split, 'T', d, inner, alpha, x, (strided || rows3) && k == 0 ? row_stride : std::max<std::int64_t>(1, inner),
+            beta, c, std::max<std::int64_t>(1, d));
+      } else if (inner == 1 && rows3) {
+        // The last mode of rows row_stride apart: outer / extent[0] columns of d per row
+        // (fused_block reads such a block in place only where lather's short-dimension SYRK
+        // takes d).
+        impl::blas::split::syrk_lower_runs<value_type>(d, outer, alpha, x, d, outer / blk.extent[0], row_stride, beta, c, d);
       } else if (inner == 1) {
         impl::blas::split::syrk_lower<value_type>(split, 'N', d, outer, alpha, x,
                                                   strided ? row_stride : std::max<std::int64_t>(1, d), beta, c,
                                                   std::max<std::int64_t>(1, d));
-      } else if (!impl::blas::split::syrk_lower_unfolded<value_type>(split, d, outer, inner, alpha, x, beta, c, d)) {
+      } else if (!impl::blas::split::syrk_lower_unfolded<value_type>(split, d, outer, inner, alpha, x, beta, c, d,
+                                                                     rows3 ? row_stride : 0)) {
         // A middle mode: lather's own SYRK reads the unfolding from x (its transposition's pass
         // does the unfolding's: a pass over the block fewer); otherwise unfolded here first.
         const std::int64_t m = outer * inner;
-        const impl::kernels::UnfoldMode<value_type> to_front{x, unfolded, outer, d, inner, false};
+        const impl::kernels::UnfoldMode<value_type> to_front{x, unfolded, outer, d, inner, false, rows3 ? row_stride : 0};
         to_front.all();
         impl::blas::split::syrk_lower<value_type>(split, 'T', d, m, alpha, unfolded, m, beta, c, d);
       }
@@ -2772,15 +2782,23 @@ class Shampoo {
     // is (BLAS with the parameter's row stride, the filter loop row by row): no copy into the
     // block buffer (a pass over the gradient: 2.5% of a steady gpt2-block step at block size 256).
     // So is a block of more dimensions that is contiguous in the parameter (all but its first
-    // extent the parameter's: resnet50's 3x3 convolutions up to 256 channels), read as one run.
+    // extent the parameter's: resnet50's 3x3 convolutions up to 256 channels), read as one run,
+    // and a block of three whose last extent is the parameter's (a (256, 256, 9) block of a
+    // (512, 512, 9) convolution), read as rows of its last two dimensions a row stride apart:
+    // its first mode's SYRK with that stride, its middle mode's from slabs that far apart, its
+    // last mode's in runs of rows (block_factors; a pass over 2.4 MB saved per such block).
     const int rank = static_cast<int>(blk.extent.size());
+    const auto& shape = p.layout.merged_shape;
     bool contiguous = rank >= 3;
     for (int j = 1; contiguous && j < rank; ++j)
-      contiguous = blk.extent[static_cast<std::size_t>(j)] == p.layout.merged_shape[static_cast<std::size_t>(j)];
-    const bool in_place = grad.is_row_major_contiguous() && !l2 && rank >= 1 && (rank <= 2 || contiguous) &&
-                          (!direction || !sc.graft_now);
+      contiguous = blk.extent[static_cast<std::size_t>(j)] == shape[static_cast<std::size_t>(j)];
+    // (The last mode's runs need lather's short-dimension SYRK: d <= 16 floats, AVX-512.)
+    const bool split_rows = rank == 3 && !contiguous && blk.extent[2] == shape[2] &&
+                            (!blk.factors[2].preconditioned || impl::blas::small::takes<value_type>(blk.extent[2]));
+    const bool in_place = grad.is_row_major_contiguous() && !l2 && rank >= 1 &&
+                          (rank <= 2 || contiguous || split_rows) && (!direction || !sc.graft_now);
     const value_type* const block_grad = in_place ? grad.data() + first_flat(p, blk) : buf.grad;
-    const std::int64_t row_stride = rank == 2 && in_place ? p.layout.merged_shape[1] : 0;
+    const std::int64_t row_stride = !in_place ? 0 : rank == 2 ? shape[1] : split_rows ? shape[1] * shape[2] : 0;
     if (!in_place) {
       const impl::kernels::GatherGradient<value_type, memory_space> gather{grad, p.param, gv,
                                                                           value_type(l2 ? o.weight_decay : 0.0)};

@@ -203,26 +203,37 @@ void syrk_lower(Where* where, char trans, std::int64_t n, std::int64_t k, T alph
   });
 }
 
+/// syrk_lower with trans 'N' whose k columns (lda apart) come in runs of `run` columns, the runs
+/// `run_stride` apart (small::syrk_n_runs: a block's last dimension read where it lies in its
+/// parameter). Only where small::takes<T>(n) (the caller checks; one part: n is below any
+/// split's width).
+template <class T>
+void syrk_lower_runs(std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda, std::int64_t run,
+                     std::int64_t run_stride, T beta, T* c, std::int64_t ldc) {
+  small::syrk_n_runs<T>('L', n, k, alpha, a, lda, run, run_stride, beta, c, ldc);
+}
+
 /// syrk_lower with trans 'T' on the mode unfolding of x, a row-major (outer, n, inner) tensor (A
 /// k x n, k = outer inner, as impl::kernels::UnfoldMode writes it transposed), read from x where
 /// it is, in the same bands: where lather's own SYRK takes the shape (tiled::takes_transposed);
 /// returns false otherwise, having done nothing (the caller unfolds and calls syrk_lower).
+/// `slab`: how far apart x's n inner elements of each outer index lie (0: n inner).
 template <class T, class Where>
 bool syrk_lower_unfolded(Where* where, std::int64_t n, std::int64_t outer, std::int64_t inner, T alpha, const T* x,
-                         T beta, T* c, std::int64_t ldc) {
+                         T beta, T* c, std::int64_t ldc, std::int64_t slab = 0) {
   const std::int64_t k = outer * inner;
   if (!tiled::takes_transposed<T>(n, k, alpha)) return false;
   const auto w = on(where);
   const int p = w.parts(n);
   if (p <= 1) {
-    tiled::syrk_columns_unfolded<T>('L', n, outer, inner, alpha, x, beta, c, ldc, 0, n);
+    tiled::syrk_columns_unfolded<T>('L', n, outer, inner, alpha, x, beta, c, ldc, 0, n, slab);
     return true;
   }
   const std::int64_t bands = 2 * static_cast<std::int64_t>(p);
   const std::int64_t width = ((n + bands - 1) / bands + align - 1) / align * align;
   auto band = [=](std::int64_t b) {
     const std::int64_t j0 = std::min(n, b * width), j1 = std::min(n, (b + 1) * width);
-    if (j1 > j0) tiled::syrk_columns_unfolded<T>('L', n, outer, inner, alpha, x, beta, c, ldc, j0, j1);
+    if (j1 > j0) tiled::syrk_columns_unfolded<T>('L', n, outer, inner, alpha, x, beta, c, ldc, j0, j1, slab);
   };
   w.run(p, [=](int t) {
     band(t);

@@ -74,23 +74,34 @@ struct Masked<double> {
   LATHER_AVX512_FN static void store(double* x, mask m, __m512d a) { _mm512_mask_storeu_pd(x, m, a); }
 };
 
-// S (D x D, column-major, full) = sum over the k columns a_c (D numbers at a + c lda) of
-// a_c a_c^T: register j adds a_c times a_c[j], chunk by chunk. The lanes past D load zeros and
-// are never stored.
+// S (D x D, column-major, full) = sum over the k columns a_c of a_c a_c^T: register j adds a_c
+// times a_c[j], chunk by chunk. The columns come in runs of `run` columns lda apart, the runs
+// run_stride apart (column c at a + (c / run) run_stride + (c % run) lda; run >= k: one run):
+// the order of the sums does not depend on the runs. The lanes past D load zeros and are never
+// stored.
 template <class T, int D>
-LATHER_AVX512_FN void gram_avx512(std::int64_t k, const T* a, std::int64_t lda, T* s) {
+LATHER_AVX512_FN void gram_avx512(std::int64_t k, const T* a, std::int64_t lda, std::int64_t run,
+                                  std::int64_t run_stride, T* s) {
   using V = kernels::simd_detail::Avx512<T>;
   using M = Masked<T>;
   const auto m = static_cast<typename M::mask>((1u << D) - 1u);
   typename V::reg total[D], part[D];
   for (int j = 0; j < D; ++j) total[j] = V::set1(T(0));
+  const T* run_start = a;
+  const T* col = a;
+  std::int64_t left = run;  // columns left in the current run
   for (std::int64_t c0 = 0; c0 < k; c0 += chunk) {
     for (int j = 0; j < D; ++j) part[j] = V::set1(T(0));
     const std::int64_t c1 = std::min(k, c0 + chunk);
     for (std::int64_t c = c0; c < c1; ++c) {
-      const T* col = a + c * lda;
       const auto v = M::load(m, col);
       for (int j = 0; j < D; ++j) part[j] = V::add(part[j], V::mul(v, V::set1(col[j])));
+      col += lda;
+      if (--left == 0) {
+        run_start += run_stride;
+        col = run_start;
+        left = run;
+      }
     }
     for (int j = 0; j < D; ++j) total[j] = V::add(total[j], part[j]);
   }
@@ -126,11 +137,11 @@ LATHER_AVX512_FN void symm_avx512(std::int64_t n, const T* p, const T* b, std::i
 
 // Never called where takes() is false: without AVX-512 dispatch they are empty.
 template <class T, int D>
-void gram(std::int64_t k, const T* a, std::int64_t lda, T* s) {
+void gram(std::int64_t k, const T* a, std::int64_t lda, std::int64_t run, std::int64_t run_stride, T* s) {
 #ifdef LATHER_HAS_AVX512_DISPATCH
-  gram_avx512<T, D>(k, a, lda, s);
+  gram_avx512<T, D>(k, a, lda, run, run_stride, s);
 #else
-  (void)k, (void)a, (void)lda, (void)s;
+  (void)k, (void)a, (void)lda, (void)run, (void)run_stride, (void)s;
 #endif
 }
 template <class T, int D>
@@ -151,13 +162,16 @@ void with_dim(std::int64_t n, const F& f) {
 
 }  // namespace detail
 
-/// The `uplo` triangle of C (n x n, column-major, ldc) = alpha A A^T + beta C, A n x k column-major
-/// (lda >= n): the BLAS' SYRK with trans 'N' for takes<T>(n). C is not read where beta is 0.
+/// syrk_n with A's k columns in runs of `run` columns lda apart, the runs `run_stride` apart
+/// (column c at a + (c / run) run_stride + (c % run) lda): the last dimension of a block read
+/// where it lies in its parameter (a (256, 256, 9) block of a (512, 512, 9) convolution: runs of
+/// 256 columns of 9, 512 x 9 apart), with the same bits as syrk_n on the columns side by side.
 template <class T>
-void syrk_n(char uplo, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda, T beta, T* c,
-            std::int64_t ldc) {
+void syrk_n_runs(char uplo, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda, std::int64_t run,
+                 std::int64_t run_stride, T beta, T* c, std::int64_t ldc) {
   T s[max_dim<T> * max_dim<T>] = {};
-  if (k > 0 && alpha != T(0)) detail::with_dim<T, 1>(n, [&](auto d) { detail::gram<T, decltype(d)::value>(k, a, lda, s); });
+  if (k > 0 && alpha != T(0))
+    detail::with_dim<T, 1>(n, [&](auto d) { detail::gram<T, decltype(d)::value>(k, a, lda, run, run_stride, s); });
   const bool lower = uplo == 'L' || uplo == 'l';
   for (std::int64_t j = 0; j < n; ++j)
     for (std::int64_t i = lower ? j : 0; i < (lower ? n : j + 1); ++i) {
@@ -165,6 +179,14 @@ void syrk_n(char uplo, std::int64_t n, std::int64_t k, T alpha, const T* a, std:
       const T sum = alpha * s[i + j * n];
       out = beta == T(0) ? sum : sum + beta * out;
     }
+}
+
+/// The `uplo` triangle of C (n x n, column-major, ldc) = alpha A A^T + beta C, A n x k column-major
+/// (lda >= n): the BLAS' SYRK with trans 'N' for takes<T>(n). C is not read where beta is 0.
+template <class T>
+void syrk_n(char uplo, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda, T beta, T* c,
+            std::int64_t ldc) {
+  syrk_n_runs<T>(uplo, n, k, alpha, a, lda, std::max<std::int64_t>(k, 1), 0, beta, c, ldc);
 }
 
 /// C (m x n, column-major, ldc) = alpha A B + beta C, A (m x m) symmetric of which the `uplo`

@@ -448,17 +448,16 @@ LATHER_AVX512_FN void syrk_columns_transposed_avx512(bool lower, std::int64_t n,
   }
 }
 
-// transpose_rows for the mode unfolding of x, a row-major (outer, n, inner) tensor: A(p, i) =
-// x[(p / inner) n inner + i inner + p % inner] (A k x n, k = outer inner, the unfolding
-// impl::kernels::UnfoldMode writes as A^T) for p in [p0, p0 + kk), rows i in [r0, r1) (r0 a
-// multiple of 16), into b(i, p - p0). Each group of 16 steps of k is at most 16 runs of
-// consecutive p within one slab x[g n inner ...] (3 for inner = 9), every run one masked load per
-// row at a shifted address; the same 16 x 16 transposition then. Groups of p outermost: each
-// slab's rows are read in order.
+// transpose_rows for the mode unfolding of x, a row-major (outer, n, inner) tensor whose slabs
+// (its n inner elements of one outer index) lie `slab` apart: A(p, i) = x[(p / inner) slab +
+// i inner + p % inner] (A k x n, k = outer inner, the unfolding impl::kernels::UnfoldMode writes
+// as A^T) for p in [p0, p0 + kk), rows i in [r0, r1) (r0 a multiple of 16), into b(i, p - p0).
+// Each group of 16 steps of k is at most 16 runs of consecutive p within one slab x[g slab ...]
+// (3 for inner = 9), every run one masked load per row at a shifted address; the same 16 x 16
+// transposition then. Groups of p outermost: each slab's rows are read in order.
 LATHER_AVX512_FN void transpose_unfolded_rows(std::int64_t kk, std::int64_t p0, std::int64_t k_end, const float* x,
-                                              std::int64_t n, std::int64_t inner, std::int64_t r0, std::int64_t r1,
+                                              std::int64_t inner, std::int64_t slab, std::int64_t r0, std::int64_t r1,
                                               float* b, std::int64_t ldb) {
-  const std::int64_t slab = n * inner;
   __mmask16 mask[16];
   std::int64_t offset[16];
   for (std::int64_t q0 = 0; q0 < kk; q0 += 16) {
@@ -501,14 +500,14 @@ LATHER_AVX512_FN void transpose_unfolded_rows(std::int64_t kk, std::int64_t p0, 
 // syrk_columns_transposed_avx512 of A^T A with A the mode unfolding of x (transpose_unfolded_rows):
 // the unfolding's copy and the transposition's in one pass.
 LATHER_AVX512_FN void syrk_columns_unfolded_avx512(bool lower, std::int64_t n, std::int64_t outer, std::int64_t inner,
-                                                   float alpha, const float* x, float beta, float* c, std::int64_t ldc,
-                                                   std::int64_t j0, std::int64_t j1) {
+                                                   float alpha, const float* x, std::int64_t slab, float beta, float* c,
+                                                   std::int64_t ldc, std::int64_t j0, std::int64_t j1) {
   float* const buffer = transposed_buffer();
   const std::int64_t ldb = transposed_ld(n), k = outer * inner;
   const std::int64_t r0 = lower ? j0 / 16 * 16 : 0, r1 = lower ? n : std::min(n, j1);
   for (std::int64_t p0 = 0; p0 < k; p0 += chunk<float>) {
     const std::int64_t kk = std::min(chunk<float>, k - p0);
-    transpose_unfolded_rows(kk, p0, k, x, n, inner, r0, r1, buffer, ldb);
+    transpose_unfolded_rows(kk, p0, k, x, inner, slab, r0, r1, buffer, ldb);
     syrk_columns_avx512<float>(lower, n, kk, alpha, buffer, ldb, p0 == 0 ? beta : 1.0f, c, ldc, j0, j1);
   }
 }
@@ -548,15 +547,19 @@ void syrk_columns_transposed(char uplo, std::int64_t n, std::int64_t k, T alpha,
 /// (outer, n, inner) tensor: C = alpha X_(1) X_(1)^T + beta C, X_(1) the n x k matrix of x's
 /// middle mode (impl::kernels::UnfoldMode's layout), read from x where it is. Where
 /// takes_transposed<T>(n, outer inner, alpha); the same bits as UnfoldMode followed by
-/// syrk_columns_transposed (the same buffer, filled in one pass instead of two).
+/// syrk_columns_transposed (the same buffer, filled in one pass instead of two). `slab`: how far
+/// apart x's n inner elements of each outer index lie (0: n inner, x contiguous; more for a
+/// block read in its parameter, whose second dimension is split).
 template <class T>
 void syrk_columns_unfolded(char uplo, std::int64_t n, std::int64_t outer, std::int64_t inner, T alpha, const T* x,
-                           T beta, T* c, std::int64_t ldc, std::int64_t j0, std::int64_t j1) {
+                           T beta, T* c, std::int64_t ldc, std::int64_t j0, std::int64_t j1, std::int64_t slab = 0) {
 #ifdef LATHER_HAS_AVX512_DISPATCH
   if constexpr (std::is_same_v<T, float>)
-    detail::syrk_columns_unfolded_avx512(uplo == 'L' || uplo == 'l', n, outer, inner, alpha, x, beta, c, ldc, j0, j1);
+    detail::syrk_columns_unfolded_avx512(uplo == 'L' || uplo == 'l', n, outer, inner, alpha, x,
+                                         slab > 0 ? slab : n * inner, beta, c, ldc, j0, j1);
 #else
-  (void)uplo, (void)n, (void)outer, (void)inner, (void)alpha, (void)x, (void)beta, (void)c, (void)ldc, (void)j0, (void)j1;
+  (void)uplo, (void)n, (void)outer, (void)inner, (void)alpha, (void)x, (void)beta, (void)c, (void)ldc, (void)j0, (void)j1,
+      (void)slab;
 #endif
 }
 

@@ -201,9 +201,12 @@ struct UnfoldMode {
   T* to;
   std::int64_t outer, d, inner;
   bool fold;
+  // How far apart the tensor's d inner elements of each outer index lie (0: d inner, the tensor
+  // contiguous): a host block read where it lies in its parameter, its second dimension split.
+  std::int64_t slab = 0;
   KOKKOS_FUNCTION void operator()(std::int64_t r) const {
     const std::int64_t a = r / d, i = r - a * d;
-    const std::int64_t e = r * inner, u = i * (outer * inner) + a * inner;
+    const std::int64_t e = a * (slab > 0 ? slab : d * inner) + i * inner, u = i * (outer * inner) + a * inner;
     if (fold)
       for (std::int64_t b = 0; b < inner; ++b) to[e + b] = from[u + b];
     else
@@ -212,8 +215,8 @@ struct UnfoldMode {
   /// Every row in the calling thread (host loops), without the division per row: resnet50's
   /// (256, 256, 9) blocks move rows of 9 elements.
   void all() const {
-    const std::int64_t step = outer * inner;
-    for (std::int64_t a = 0, e = 0; a < outer; ++a) {
+    const std::int64_t step = outer * inner, gap = slab > 0 ? slab - d * inner : 0;
+    for (std::int64_t a = 0, e = 0; a < outer; ++a, e += gap) {
       for (std::int64_t i = 0, u = a * inner; i < d; ++i, e += inner, u += step) {
         if (fold)
           for (std::int64_t b = 0; b < inner; ++b) to[e + b] = from[u + b];
