@@ -25,7 +25,10 @@
 # test that passes on a regular expression of its output still fails the job when a report appears.
 #
 # Environment: LATHER_ASAN_BUILD_DIR, LATHER_JOBS (default 2); ASAN_OPTIONS, UBSAN_OPTIONS and
-# LSAN_OPTIONS are appended to the defaults below (later settings win).
+# LSAN_OPTIONS are appended to the defaults below (later settings win). LATHER_SANITIZE_TARGETS
+# (test executables, space-separated): build only these and run only their CTest tests (the
+# target's own test, its _npN runs under mpiexec, lather_shampoo_tests_no_huge_pages); .ci/run
+# passes a subset (docs/testing.md, "What CI runs").
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${LATHER_ASAN_BUILD_DIR:-$root/build-asan}
@@ -50,7 +53,14 @@ LATHER_BUILD_DIR=$build "$root/scripts/configure.sh" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DLATHER_ENABLE_TESTS=ON -DLATHER_ENABLE_EXAMPLES="$full" -DLATHER_ENABLE_TOOLS="$full" \
   -DLATHER_ENABLE_BENCHMARKS=OFF -DLATHER_HEADER_CHECKS=OFF >/dev/null
-cmake --build "$build" -j "$jobs"
+read -r -a targets <<<"${LATHER_SANITIZE_TARGETS:-}"
+select=()
+if [ "${#targets[@]}" -gt 0 ]; then
+  cmake --build "$build" -j "$jobs" --target "${targets[@]}"
+  select=(-R "^($(IFS='|'; echo "${targets[*]}"))(_np[0-9]+|_no_huge_pages)?\$")
+else
+  cmake --build "$build" -j "$jobs"
+fi
 
 logs=$build/sanitizer-logs
 rm -rf "$logs" && mkdir -p "$logs"
@@ -70,7 +80,7 @@ export UBSAN_OPTIONS="$common:print_stacktrace=1:suppressions=$supp/ubsan.supp${
 
 cd "$build"
 status=0
-ctest --output-on-failure -j "$jobs" -E '^(compile_fail_|install_)' "$@" || status=$?
+ctest --output-on-failure -j "$jobs" -E '^(compile_fail_|install_)' "${select[@]}" "$@" || status=$?
 if compgen -G "$logs/report*" >/dev/null; then
   echo "sanitizer reports ($logs):" >&2
   for f in "$logs"/report*; do echo "==== $f" >&2; cat "$f" >&2; done
