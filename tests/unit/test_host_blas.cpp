@@ -624,9 +624,8 @@ TEST_CASE("host BLAS: the middle-mode SYMM in the 'R' tiles equals UnfoldMode, S
 
 namespace {
 // SYMM, C (m x n) = alpha B A + beta C (side 'R', A n x n) or alpha A B + beta C (side 'L', A
-// m x m), A symmetric from its `uplo` triangle: blas::symm (lather's register tiles on AVX-512
-// CPUs where chooses_symm_right/left say so, the BLAS elsewhere) and the tiles wherever
-// takes_symm_right/left say they can. Against the definition in
+// m x m), A symmetric from its `uplo` triangle: lather's register tiles (tiled_symm.hpp) on
+// AVX-512 CPUs where takes_symm_right/left say so, the BLAS elsewhere. Against the definition in
 // long double with the other triangle of A (and its rows past its order) NaN and never read,
 // NaN in C where beta is 0 never shown, and C's rows past m untouched.
 template <class T>
@@ -652,39 +651,26 @@ void check_symm(char side, std::int64_t m, std::int64_t n, char uplo, std::int64
     for (std::int64_t j = 0; j < n; ++j)
       for (std::int64_t i = 0; i < m; ++i) c[static_cast<std::size_t>(i + j * ldc)] = std::numeric_limits<T>::quiet_NaN();
   const std::vector<T> c0 = c;
-  // blas::symm (the tiles where chooses_symm_* says so on this CPU, the BLAS elsewhere), then the
-  // tiles themselves wherever they take the shape, so every CPU checks them.
-  const bool tiles =
-      left ? blas::tiled::takes_symm_left<T>(m, n, alpha) : blas::tiled::takes_symm_right<T>(m, n, alpha);
-  for (const bool direct : {false, true}) {
-    if (direct && !tiles) break;
-    c = c0;
-    if (!direct)
-      blas::symm<T>(side, uplo, m, n, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
-    else if (left)
-      blas::tiled::symm_left<T>(uplo, m, n, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
-    else
-      blas::tiled::symm_right<T>(uplo, m, n, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
-    const ld u = std::numeric_limits<T>::epsilon();
-    std::int64_t bad = 0;
-    for (std::int64_t j = 0; j < n; ++j)
-      for (std::int64_t i = 0; i < ldc; ++i) {
-        const auto e = static_cast<std::size_t>(i + j * ldc);
-        if (i >= m) {
-          bad += std::memcmp(&c[e], &c0[e], sizeof(T)) != 0;
-          continue;
-        }
-        ld s = 0;
-        for (std::int64_t l = 0; l < d; ++l)
-          s += left ? full(i, l) * static_cast<ld>(b[static_cast<std::size_t>(l + j * ldb)])
-                    : static_cast<ld>(b[static_cast<std::size_t>(i + l * ldb)]) * full(l, j);
-        const ld want = static_cast<ld>(alpha) * s + (beta == T(0) ? 0 : static_cast<ld>(beta) * c0[e]);
-        bad += !(std::fabs(static_cast<ld>(c[e]) - want) <= 4 * static_cast<ld>(d + 2) * u);
+  blas::symm<T>(side, uplo, m, n, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  const ld u = std::numeric_limits<T>::epsilon();
+  std::int64_t bad = 0;
+  for (std::int64_t j = 0; j < n; ++j)
+    for (std::int64_t i = 0; i < ldc; ++i) {
+      const auto e = static_cast<std::size_t>(i + j * ldc);
+      if (i >= m) {
+        bad += std::memcmp(&c[e], &c0[e], sizeof(T)) != 0;
+        continue;
       }
-    INFO("side=", side, " m=", m, " n=", n, " uplo=", uplo, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
-         " alpha=", alpha, " beta=", beta, " path=", direct ? "tiles" : "blas::symm");
-    CHECK(bad == 0);
-  }
+      ld s = 0;
+      for (std::int64_t l = 0; l < d; ++l)
+        s += left ? full(i, l) * static_cast<ld>(b[static_cast<std::size_t>(l + j * ldb)])
+                  : static_cast<ld>(b[static_cast<std::size_t>(i + l * ldb)]) * full(l, j);
+      const ld want = static_cast<ld>(alpha) * s + (beta == T(0) ? 0 : static_cast<ld>(beta) * c0[e]);
+      bad += !(std::fabs(static_cast<ld>(c[e]) - want) <= 4 * static_cast<ld>(d + 2) * u);
+    }
+  INFO("side=", side, " m=", m, " n=", n, " uplo=", uplo, " lda=", lda, " ldb=", ldb, " ldc=", ldc, " alpha=", alpha,
+       " beta=", beta);
+  CHECK(bad == 0);
 }
 template <class T>
 void check_symm_right(std::int64_t m, std::int64_t d, char uplo, std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
@@ -695,12 +681,6 @@ template <class T>
 void check_symm_left(std::int64_t m, std::int64_t n, char uplo, std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
                      T alpha, T beta) {
   check_symm<T>('L', m, n, uplo, lda, ldb, ldc, alpha, beta);
-}
-
-// Which row of tiled_symm.hpp's table this CPU uses, for the messages.
-std::string symm_limits_name() {
-  namespace tiled = lather::impl::blas::tiled;
-  return &tiled::symm_tile_limits() == &tiled::symm_tile_limits_intel ? "Intel's" : "the default";
 }
 
 template <class T>
@@ -780,50 +760,15 @@ void check_tiled_symm_left() {
 }  // namespace
 
 TEST_CASE("host BLAS: SYMM 'R' of order 17 to 256 (floats; 9 to 512 doubles; register tiles on AVX-512) equals the definition, in any row parts") {
-  namespace tiled = lather::impl::blas::tiled;
-  MESSAGE("tiled SYMM on this CPU: ",
-          std::string(tiled::takes_symm_right<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"),
-          "; blas::symm by ", symm_limits_name(), " limits");
+  MESSAGE("tiled SYMM on this CPU: ", std::string(lather::impl::blas::tiled::takes_symm_right<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"));
   check_tiled_symm<float>();
   check_tiled_symm<double>();
 }
 
 TEST_CASE("host BLAS: SYMM 'L' of order 17 to 1024 (register tiles on AVX-512, floats) equals the definition, in any column parts") {
-  namespace tiled = lather::impl::blas::tiled;
-  MESSAGE("tiled SYMM 'L' on this CPU: ",
-          std::string(tiled::takes_symm_left<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"),
-          "; blas::symm by ", symm_limits_name(), " limits");
+  MESSAGE("tiled SYMM 'L' on this CPU: ", std::string(lather::impl::blas::tiled::takes_symm_left<float>(256, 256, 1.0f) ? "yes" : "no (the BLAS)"));
   check_tiled_symm_left<float>();
   check_tiled_symm_left<double>();  // the BLAS: the same checks
-}
-
-TEST_CASE("host BLAS: blas::symm sends a SYMM to the tiles only where they take it, by the CPU's limits") {
-  namespace tiled = lather::impl::blas::tiled;
-  using I = std::int64_t;
-  const tiled::SymmTileLimits& here = tiled::symm_tile_limits();
-  // This CPU's row is one of the two measured ones; the default row is wherever the tiles take.
-  const bool intel_row = &here == &tiled::symm_tile_limits_intel;
-  CHECK((intel_row || &here == &tiled::symm_tile_limits_default));
-  for (const auto* limits : {&tiled::symm_tile_limits_default, &tiled::symm_tile_limits_intel})
-    for (I d = 1; d <= tiled::symm_left_max_dim + 1; ++d)
-      for (const I other : {I{1}, I{16}, I{95}, I{96}, I{255}, I{256}, I{2304}}) {
-        const bool intel = limits == &tiled::symm_tile_limits_intel;
-        INFO("d=", d, " other=", other, " intel row=", intel);
-        const bool rf = tiled::chooses_symm_right<float>(other, d, 1.0f, *limits);
-        const bool rd = tiled::chooses_symm_right<double>(other, d, 1.0, *limits);
-        const bool lf = tiled::chooses_symm_left<float>(d, other, 1.0f, *limits);
-        // Written out from the table (docs/architecture.md): the default follows the tiles' reach.
-        const bool right_blas = intel && d > 64 && other >= 256, left_blas = intel && d > 128 && other >= 96;
-        CHECK(rf == (tiled::takes_symm_right<float>(other, d, 1.0f) && !right_blas));
-        CHECK(rd == (tiled::takes_symm_right<double>(other, d, 1.0) && !right_blas));
-        CHECK(lf == (tiled::takes_symm_left<float>(d, other, 1.0f) && !left_blas));
-        CHECK_FALSE(tiled::chooses_symm_left<double>(d, other, 1.0, *limits));   // 'L' tiles: floats only
-        CHECK_FALSE(tiled::chooses_symm_right<float>(other, d, 0.0f, *limits));  // alpha 0: the BLAS scales C
-      }
-  // The mode products keep the tiles whatever the row (they would otherwise unfold and fold).
-  CHECK(tiled::takes_symm_right_mode<float>(2304, 256, 9, 1.0f) ==
-        tiled::takes_symm_right<float>(2304, 256, 1.0f));
-  MESSAGE("SYMM tiles on this CPU: ", symm_limits_name(), " limits");
 }
 
 TEST_CASE("host BLAS: the tiles' side fetch walks its ranges to the end and changes no bit of the SYRK") {

@@ -149,10 +149,8 @@ void syrk(char uplo, char trans, std::int64_t n, std::int64_t k, T alpha, const 
 /// A symmetric of which only the `uplo` triangle is read; column-major. Lets a packed symmetric
 /// matrix be unpacked into one triangle only (contiguous) instead of both. Side 'L' with m at
 /// most a vector register runs lather's own loop (small_products.hpp); on AVX-512 CPUs side 'R'
-/// with n from 17 (floats; 9 doubles) to 256, and side 'L' with m from 17 to 1024 (floats), lather's
-/// register tiles (tiled_symm.hpp) where they beat OpenBLAS on this CPU's kind
-/// (tiled::symm_tile_limits(): everywhere by default; on Intel CPUs 'R' to order 64 or below 256
-/// rows, 'L' to order 128 or below 96 columns).
+/// with n from 17 (floats; 9 doubles) to 256, and side 'L' with m from 17 to 256 (floats), lather's
+/// register tiles (tiled_symm.hpp).
 template <class T>
 void symm(char side, char uplo, std::int64_t m, std::int64_t n, T alpha, const T* a, std::int64_t lda, const T* b,
           std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
@@ -162,11 +160,11 @@ void symm(char side, char uplo, std::int64_t m, std::int64_t n, T alpha, const T
     small::symm_left<T>(uplo, m, n, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if ((side == 'L' || side == 'l') && tiled::chooses_symm_left<T>(m, n, alpha)) {
+  if ((side == 'L' || side == 'l') && tiled::takes_symm_left<T>(m, n, alpha)) {
     tiled::symm_left<T>(uplo, m, n, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if ((side == 'R' || side == 'r') && tiled::chooses_symm_right<T>(m, n, alpha)) {
+  if ((side == 'R' || side == 'r') && tiled::takes_symm_right<T>(m, n, alpha)) {
     tiled::symm_right<T>(uplo, m, n, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }

@@ -3,8 +3,7 @@
 /// \brief Private. SYMM (C = alpha B A + beta C, side 'R', or alpha A B + beta C, side 'L'; A
 /// symmetric of which one triangle is read; column-major) in the register tiles of
 /// tiled_syrk.hpp (3 vectors of rows of C by 8 columns) on AVX-512 CPUs, for the orders
-/// takes_symm_right() and takes_symm_left() name. impl::blas::symm sends the shapes here that
-/// chooses_symm_right() and chooses_symm_left() name (on this CPU faster than OpenBLAS).
+/// takes_symm_right() and takes_symm_left() name. impl::blas::symm sends these shapes here.
 ///
 /// Why: a block's preconditioning products are these SYMMs (the column-major view of a
 /// row-major block times the inverse root of its first dimension, 'R'; the inverse root of its
@@ -40,8 +39,7 @@
 /// not read where beta is 0) - independent of the tile the element falls in, of the copies, and
 /// of how rows ('R') or columns ('L') are split over threads (blas::split::symm). Not
 /// necessarily the BLAS' bits (the same in every shape compared at the orders up to 256, whose k
-/// OpenBLAS' kernel also sums in order). The choice follows the CPU alone, like tiled_syrk.hpp's
-/// (symm_tile_limits()).
+/// OpenBLAS' kernel also sums in order). The choice follows the CPU alone, like tiled_syrk.hpp's.
 /// Each thread's first call may allocate the thread's buffer (transposed_buffer(), shared with
 /// the SYRK 'T'; about 1 MiB), no later one.
 #ifndef LATHER_IMPL_BACKENDS_TILED_SYMM_HPP
@@ -51,7 +49,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 
 namespace lather::impl::blas::tiled {
@@ -88,57 +85,6 @@ inline bool takes_symm_left(std::int64_t m, std::int64_t n, T alpha) {
   (void)m, (void)n, (void)alpha;
   return false;
 #endif
-}
-
-/// Where impl::blas::symm sends a plain SYMM that the tiles take to them, per CPU: where they
-/// were measured faster than OpenBLAS' SSYMM (SkylakeX kernels, 1 thread, in cache). A product
-/// runs in the tiles if its order (A's) is at most the side's `order` or its other dimension
-/// ('R': C's rows; 'L': C's columns) is below the side's `other`: OpenBLAS packs the whole
-/// triangle of A whatever the other dimension, so the tiles win narrow products at any order.
-/// On the Zen 5 VM (seventeenth session) the tiles won everywhere they take. On the Intel Xeon VM
-/// (twenty-fourth session; docs/performance-history.md) OpenBLAS was faster for 'R' of order 96
-/// to 256 with 256 rows or more (floats 1-14%; doubles from order 128, 2-24%) and 'L' of order
-/// 160 to 1024 with 96 columns or more (up to 16%; within 2% either way at 96 to 128 columns);
-/// the tiles were faster with fewer rows or columns (1.1-1.9x with 10 to 96 rows, 1.07-1.28x with
-/// 10 to 32 columns) and at 'R' orders 32 to 64 (0.99-1.66x). The middle-mode
-/// product (symm_right_mode) stays on the tiles everywhere: OpenBLAS would need the unfolding and
-/// the fold, two passes. Up to order 256 OpenBLAS' kernel sums k in order like the tiles: the
-/// same bits either way (every shape of the measurement); the 'L' orders 257 to 1024 differ in
-/// the last bits.
-struct SymmTileLimits {
-  std::int64_t right_order_float, right_order_double, right_other;  // 'R': C is other x order
-  std::int64_t left_order, left_other;                              // 'L' (floats): C is order x other
-};
-inline constexpr std::int64_t symm_tiles_any = std::numeric_limits<std::int64_t>::max();
-inline constexpr SymmTileLimits symm_tile_limits_default{symm_right_max_dim, symm_right_max_dim,
-                                                         symm_tiles_any, symm_left_max_dim, symm_tiles_any};
-inline constexpr SymmTileLimits symm_tile_limits_intel{64, 64, 256, 128, 96};
-
-/// This CPU's row: Intel's where the CPU says it is one, the default elsewhere.
-inline const SymmTileLimits& symm_tile_limits() {
-#ifdef LATHER_HAS_AVX512_DISPATCH
-  static const bool intel = __builtin_cpu_is("intel");
-  return intel ? symm_tile_limits_intel : symm_tile_limits_default;
-#else
-  return symm_tile_limits_default;
-#endif
-}
-
-/// Whether impl::blas::symm sends side 'R', C m x d, to the tiles: takes_symm_right() and, by
-/// `limits` (this CPU's by default), d at most the order for T or m below the other dimension.
-template <class T>
-inline bool chooses_symm_right(std::int64_t m, std::int64_t d, T alpha,
-                               const SymmTileLimits& limits = symm_tile_limits()) {
-  const std::int64_t order = std::is_same_v<T, float> ? limits.right_order_float : limits.right_order_double;
-  return takes_symm_right<T>(m, d, alpha) && (d <= order || m < limits.right_other);
-}
-
-/// Whether impl::blas::symm sends side 'L', A m x m and C m x n, to the tiles: takes_symm_left()
-/// and, by `limits` (this CPU's by default), m at most the order or n below the other dimension.
-template <class T>
-inline bool chooses_symm_left(std::int64_t m, std::int64_t n, T alpha,
-                              const SymmTileLimits& limits = symm_tile_limits()) {
-  return takes_symm_left<T>(m, n, alpha) && (m <= limits.left_order || n < limits.left_other);
 }
 
 namespace detail {
