@@ -22,6 +22,10 @@ export OMP_PROC_BIND=false OMP_WAIT_POLICY=passive
 export LATHER_BENCH_STEADY_ITERATIONS=${LATHER_BENCH_STEADY_ITERATIONS:-10}
 source "$root/scripts/openblas-env.sh"
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset, OpenBLAS detects the CPU}" >&2
+# Shampoo's state on huge pages or not changes the steps by up to a quarter on some VMs
+# (docs/performance.md, "Huge pages on a shadow-paging VM"): the setting goes into targets.md.
+huge_pages="LATHER_HUGE_PAGES=${LATHER_HUGE_PAGES:-unset: the state on huge pages where the system offers them}"
+echo "$huge_pages" >&2
 for r in $(seq 1 "$rounds"); do
   for t in 1 2; do
     echo "== round $r of $rounds, $t thread(s)" >&2
@@ -32,7 +36,7 @@ for r in $(seq 1 "$rounds"); do
 done
 # Median (the middle round; the mean of the two middle ones for an even count), lowest, highest.
 {
-  echo "rounds: $rounds, $LATHER_BENCH_STEADY_ITERATIONS timed steady steps per cell and round"
+  echo "rounds: $rounds, $LATHER_BENCH_STEADY_ITERATIONS timed steady steps per cell and round; $huge_pages"
   echo
   echo "| threads | set | max dim | mean step, median ratio | lowest | highest | rounds >= 80% | best step, median ratio | SGEMM 1024 median |"
   echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
