@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // lather_thp_probe: does this machine slow down passes over ordinary (4 KiB-page) memory while a
-// process also writes memory on transparent huge pages? Shampoo keeps its state on huge pages by
-// default (impl::StateArena; LATHER_HUGE_PAGES=0 turns that off), and the user's parameters and
-// gradients usually sit on 4 KiB pages. On the PVM-based VMs of 2026-12-02 (a guest of shadow
-// paging: "kvm-pvm" in the kernel log) passes over the 4 KiB memory took 10-35x their time
+// process also writes memory on transparent huge pages? Shampoo can keep its state on huge pages
+// (impl::StateArena; off by default, LATHER_HUGE_PAGES=1 or lather::set_huge_pages turns it on),
+// and the user's parameters and gradients usually sit on 4 KiB pages. On the PVM-based VMs of
+// 2026-12-02 (a guest of shadow paging: "kvm-pvm" in the kernel log) passes over the 4 KiB
+// memory took 10-35x their time
 // every second or so while a huge-page region was being written, and never without one
 // (docs/performance.md, "Huge pages on a shadow-paging VM"). No lather code: the probe measures
-// the machine, so that a slow step can be told from a slow VM before anything is tuned.
+// the machine, so that a slow step can be told from a slow VM before anything is tuned, and
+// huge pages turned on only where they do not stall.
 //
 //   lather_thp_probe [seconds per run]      (default 4; two runs of each kind, alternating)
 //

@@ -24,7 +24,7 @@ source "$root/scripts/openblas-env.sh"
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset, OpenBLAS detects the CPU}" >&2
 # Shampoo's state on huge pages or not changes the steps by up to a quarter on some VMs
 # (docs/performance.md, "Huge pages on a shadow-paging VM"): the setting goes into targets.md.
-huge_pages="LATHER_HUGE_PAGES=${LATHER_HUGE_PAGES:-unset: the state on huge pages where the system offers them}"
+huge_pages="LATHER_HUGE_PAGES=${LATHER_HUGE_PAGES:-unset: the state on 4 KiB pages, the default}"
 echo "$huge_pages" >&2
 for r in $(seq 1 "$rounds"); do
   for t in 1 2; do

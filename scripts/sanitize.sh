@@ -27,7 +27,7 @@
 # Environment: LATHER_ASAN_BUILD_DIR, LATHER_JOBS (default 2); ASAN_OPTIONS, UBSAN_OPTIONS and
 # LSAN_OPTIONS are appended to the defaults below (later settings win). LATHER_SANITIZE_TARGETS
 # (test executables, space-separated): build only these and run only their CTest tests (the
-# target's own test, its _npN runs under mpiexec, lather_shampoo_tests_no_huge_pages); .ci/run
+# target's own test, its _npN runs under mpiexec, lather_shampoo_tests_huge_pages); .ci/run
 # passes a subset (docs/testing.md, "What CI runs").
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -57,7 +57,7 @@ read -r -a targets <<<"${LATHER_SANITIZE_TARGETS:-}"
 select=()
 if [ "${#targets[@]}" -gt 0 ]; then
   cmake --build "$build" -j "$jobs" --target "${targets[@]}"
-  select=(-R "^($(IFS='|'; echo "${targets[*]}"))(_np[0-9]+|_no_huge_pages)?\$")
+  select=(-R "^($(IFS='|'; echo "${targets[*]}"))(_np[0-9]+|_huge_pages)?\$")
 else
   cmake --build "$build" -j "$jobs"
 fi

@@ -7,6 +7,7 @@
 #include <lather/config.hpp>
 #include <lather/version.hpp>
 #include <lather/error.hpp>
+#include <lather/memory.hpp>
 
 #include <lather/traits/tensor_traits.hpp>
 #include <lather/traits/kokkos_view.hpp>

@@ -30,6 +30,8 @@
 #include <type_traits>
 #include <utility>
 #include <limits>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -1276,12 +1278,10 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: paired factors hold the reference's packed s
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_paired, lather_test_exec_spaces);
 
-// Whether this process should get huge pages advised in host memory: Linux, the kernel offers
-// transparent huge pages (the sysfs file exists) and not "never", and LATHER_HUGE_PAGES is not 0
-// (ctest runs these cases once more with it 0: lather_shampoo_tests_no_huge_pages).
-bool huge_pages_expected() {
+// Whether the kernel offers transparent huge pages to madvise: Linux, the sysfs file exists and
+// does not say "never".
+bool system_offers_huge_pages() {
 #if defined(__linux__)
-  if (const char* e = std::getenv("LATHER_HUGE_PAGES"); e != nullptr && std::string(e) == "0") return false;
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string line;
   return f && std::getline(f, line) && line.find("[never]") == std::string::npos;
@@ -1290,12 +1290,21 @@ bool huge_pages_expected() {
 #endif
 }
 
+// Whether the environment asks for huge pages (LATHER_HUGE_PAGES=1; unset, the default, is off).
+// ctest runs the huge-page cases once more with it 1: lather_shampoo_tests_huge_pages.
+bool environment_wants_huge_pages() {
+  const char* e = std::getenv("LATHER_HUGE_PAGES");
+  return e != nullptr && std::string(e) == "1";
+}
+
 // impl::StateArena: slices of the reserved lengths, zero, 256 bytes apart at least and
 // 64-byte aligned (a Kokkos allocation's alignment, which the first slice has), disjoint (each
 // written with its own value and read back whole), kept alive by the slices alone; an arena
-// of 6 MiB in host memory has at least one whole 2 MiB page advised when huge pages apply.
+// of 6 MiB in host memory has at least one whole 2 MiB page advised when asked for huge pages
+// and the system offers them, none when not asked.
 template <class T, class ExecSpace>
-void impl_test_state_arena() {
+void impl_test_state_arena(bool huge) {
+  CAPTURE(huge);
   using M = typename ExecSpace::memory_space;
   const std::vector<std::size_t> lengths{1, 0, 13, 64, 65, 3, 6 * 1024 * 1024 / sizeof(T)};
   std::vector<Kokkos::View<T*, M>> slices;
@@ -1303,12 +1312,12 @@ void impl_test_state_arena() {
   {
     lather::impl::StateArena<T, M> arena;
     for (const auto n : lengths) arena.reserve(n);
-    arena.allocate("test_arena");
+    arena.allocate("test_arena", huge);
     for (const auto n : lengths) slices.push_back(arena.take(n));
     advised = arena.advised_bytes();
   }  // the arena object is gone; the slices keep the allocation
   const bool host = std::is_same_v<M, Kokkos::HostSpace>;
-  if (host && huge_pages_expected()) CHECK(advised >= (std::size_t(2) << 20));
+  if (host && huge && system_offers_huge_pages()) CHECK(advised >= (std::size_t(2) << 20));
   else CHECK(advised == 0);
   const T* end = nullptr;
   for (std::size_t s = 0; s < lengths.size(); ++s) {
@@ -1337,14 +1346,17 @@ void impl_test_state_arena() {
   CHECK(lather::impl::advise_huge_pages(small.data(), small.size()) == 0);
 }
 TEST_CASE_TEMPLATE_DEFINE("shampoo: state arenas and huge pages", ExecSpace, shampoo_state_arena) {
-  impl_test_state_arena<float, ExecSpace>();
-  impl_test_state_arena<double, ExecSpace>();
+  for (const bool huge : {false, true}) {
+    impl_test_state_arena<float, ExecSpace>(huge);
+    impl_test_state_arena<double, ExecSpace>(huge);
+  }
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_state_arena, lather_test_exec_spaces);
 
 // Shampoo's factors, inverse roots and per-element state come from arenas: a (1024, 768)
 // parameter at block size 256 (12 blocks of 2 paired 256-order factors, 6.3 MB, and 6.3 MB of
-// element state) has huge pages advised on a Linux host; its factors are disjoint, 64-byte aligned,
+// element state) has huge pages advised on a Linux host when the environment asks for them
+// (lather_shampoo_tests_huge_pages), none by default; its factors are disjoint, 64-byte aligned,
 // and the steps' results are those of the same optimizer's per-block reference path
 // (set_block_concurrency(false): the kernels, no fused host blocks) to rounding.
 template <class ExecSpace>
@@ -1365,7 +1377,9 @@ void impl_test_shampoo_huge_pages() {
   std::vector<P> params{param};
   Opt opt(params, o, {}, {});
   const bool host = std::is_same_v<M, Kokkos::HostSpace>;
-  if (host && huge_pages_expected()) CHECK(opt.huge_page_bytes() >= (std::size_t(4) << 20));
+  REQUIRE(lather::huge_pages() == lather::HugePages::from_environment);
+  if (host && environment_wants_huge_pages() && system_offers_huge_pages())
+    CHECK(opt.huge_page_bytes() >= (std::size_t(4) << 20));
   else CHECK(opt.huge_page_bytes() == 0);
   REQUIRE(opt.num_blocks(0) == 12);
   std::vector<std::pair<const float*, const float*>> spans;
@@ -1405,6 +1419,75 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: factors and element state on huge pages", Ex
   impl_test_shampoo_huge_pages<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_huge_pages, lather_test_exec_spaces);
+
+// The huge-page choice (lather/memory.hpp): set_huge_pages wins over LATHER_HUGE_PAGES; under
+// from_environment "1" turns it on, unset, empty and "0" leave it off, and anything else throws
+// lather::invalid_argument naming the variable and its value before the optimizer allocates.
+// Restores the process's environment and choice.
+template <class ExecSpace>
+void impl_test_huge_page_choice() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<float, M>;
+  using Opt = lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting>;
+  lather::ShampooOptions o;
+  o.max_preconditioner_dim = 256;
+  Kokkos::View<float*, M> w("w", 1024 * 768);
+  std::vector<P> params{P(w.data(), {1024, 768})};
+  const bool host = std::is_same_v<M, Kokkos::HostSpace>;
+  const bool offered = host && system_offers_huge_pages();
+  const char* saved = std::getenv("LATHER_HUGE_PAGES");
+  const std::optional<std::string> before = saved ? std::optional<std::string>(saved) : std::nullopt;
+  struct Restore {
+    const std::optional<std::string>& before;
+    ~Restore() {
+      lather::set_huge_pages(lather::HugePages::from_environment);
+      if (before) setenv("LATHER_HUGE_PAGES", before->c_str(), 1);
+      else unsetenv("LATHER_HUGE_PAGES");
+    }
+  } restore{before};
+  // (choice, environment or nullptr for unset, whether huge pages are expected where offered)
+  const std::vector<std::tuple<lather::HugePages, const char*, bool>> cases{
+      {lather::HugePages::from_environment, nullptr, false}, {lather::HugePages::from_environment, "", false},
+      {lather::HugePages::from_environment, "0", false},     {lather::HugePages::from_environment, "1", true},
+      {lather::HugePages::on, nullptr, true},                {lather::HugePages::on, "0", true},
+      {lather::HugePages::off, "1", false},                  {lather::HugePages::off, "yes", false},
+      {lather::HugePages::on, "yes", true}};
+  for (const auto& [choice, env, expected] : cases) {
+    const int choice_id = static_cast<int>(choice);
+    const std::string env_text = env ? env : "(unset)";
+    CAPTURE(choice_id);
+    CAPTURE(env_text);
+    lather::set_huge_pages(choice);
+    if (env) setenv("LATHER_HUGE_PAGES", env, 1);
+    else unsetenv("LATHER_HUGE_PAGES");
+    CHECK(lather::huge_pages() == choice);
+    CHECK(lather::huge_pages_enabled() == expected);
+    Opt opt(params, o, {}, {});
+    if (offered && expected) CHECK(opt.huge_page_bytes() >= (std::size_t(4) << 20));
+    else CHECK(opt.huge_page_bytes() == 0);
+  }
+  // An invalid value: a clear error before anything is allocated, whatever the parameters.
+  lather::set_huge_pages(lather::HugePages::from_environment);
+  for (const char* bad : {"yes", "2", "on", " 1"}) {
+    CAPTURE(bad);
+    setenv("LATHER_HUGE_PAGES", bad, 1);
+    CHECK_THROWS_AS(static_cast<void>(lather::huge_pages_enabled()), lather::invalid_argument);
+    try {
+      Opt opt(params, o, {}, {});
+      FAIL("no error for LATHER_HUGE_PAGES=" << bad);
+    } catch (const lather::invalid_argument& e) {
+      const std::string what = e.what();
+      CHECK(what.find("LATHER_HUGE_PAGES") != std::string::npos);
+      CHECK(what.find(std::string("'") + bad + "'") != std::string::npos);
+      CHECK(what.find("set_huge_pages") != std::string::npos);
+    }
+  }
+}
+TEST_CASE_TEMPLATE_DEFINE("shampoo: huge pages chosen by set_huge_pages and LATHER_HUGE_PAGES", ExecSpace,
+                          shampoo_huge_page_choice) {
+  impl_test_huge_page_choice<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_huge_page_choice, lather_test_exec_spaces);
 
 // Symmetric packing stores the upper triangles only and changes nothing else, bit for bit;
 // exponent overrides: 0 = not preconditioned, per-dimension values, the legacy root options.

@@ -9,7 +9,9 @@
 /// packing reads one triangle across its rows), and with the model's other state the step's
 /// pages are far more than the TLB holds. Carved out of one allocation advised
 /// MADV_HUGEPAGE before it is first written, they sit on 2 MiB pages: a steady step 1.5-2%
-/// shorter at block size 256 (docs/performance.md, "Huge pages").
+/// shorter at block size 256 (docs/performance.md, "Huge pages"), where the machine does not
+/// stall on them. Whether to advise is the caller's (lather::huge_pages_enabled, off by default:
+/// lather/memory.hpp says why).
 #ifndef LATHER_IMPL_STATE_ARENA_HPP
 #define LATHER_IMPL_STATE_ARENA_HPP
 
@@ -17,8 +19,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <type_traits>
@@ -30,19 +30,16 @@
 
 namespace lather::impl {
 
-/// Whether state arenas in host memory ask for transparent huge pages: not when the
-/// environment says `LATHER_HUGE_PAGES=0`, nor when the system has them off
-/// (/sys/kernel/mm/transparent_hugepage/enabled "[never]"). Read once per process.
-inline bool huge_pages_wanted() {
+/// Whether the system offers transparent huge pages to madvise: not when
+/// /sys/kernel/mm/transparent_hugepage/enabled says "[never]". Read once per process.
+inline bool system_offers_huge_pages() {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  static const bool wanted = [] {
-    if (const char* e = std::getenv("LATHER_HUGE_PAGES"); e != nullptr && std::strcmp(e, "0") == 0) return false;
+  static const bool offered = [] {
     std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
     std::string line;
-    if (f && std::getline(f, line) && line.find("[never]") != std::string::npos) return false;
-    return true;
+    return !(f && std::getline(f, line) && line.find("[never]") != std::string::npos);
   }();
-  return wanted;
+  return offered;
 #else
   return false;
 #endif
@@ -50,11 +47,12 @@ inline bool huge_pages_wanted() {
 
 /// Advises the 2 MiB pages that lie wholly inside [data, data + bytes) as huge-page backed
 /// (MADV_HUGEPAGE; pages not yet touched are then faulted in as 2 MiB pages). Returns the bytes
-/// advised (0: none, not Linux, turned off, or the kernel refused: nothing changes then).
+/// advised (0: none, not Linux, the system has them off, or the kernel refused: nothing changes
+/// then).
 inline std::size_t advise_huge_pages(void* data, std::size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t page = std::uintptr_t(2) << 20;
-  if (!huge_pages_wanted() || data == nullptr) return 0;
+  if (!system_offers_huge_pages() || data == nullptr) return 0;
   const auto begin = (reinterpret_cast<std::uintptr_t>(data) + page - 1) & ~(page - 1);
   const auto end = (reinterpret_cast<std::uintptr_t>(data) + bytes) & ~(page - 1);
   if (end <= begin) return 0;
@@ -65,15 +63,15 @@ inline std::size_t advise_huge_pages(void* data, std::size_t bytes) {
 #endif
 }
 
-/// A zero-initialized View<T*, MemorySpace> of n elements (a state or work buffer), in host
-/// memory with its whole 2 MiB pages advised as huge pages before the zeros are written;
+/// A zero-initialized View<T*, MemorySpace> of n elements (a state or work buffer); if `huge`,
+/// in host memory, its whole 2 MiB pages advised as huge pages before the zeros are written.
 /// `advised` (if given) grows by the bytes advised.
 template <class View>
-View huge_page_view(const std::string& label, std::size_t n, std::size_t* advised = nullptr) {
+View huge_page_view(const std::string& label, std::size_t n, bool huge, std::size_t* advised = nullptr) {
   using T = typename View::value_type;
   View v(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
   if constexpr (std::is_same_v<typename View::memory_space, Kokkos::HostSpace>) {
-    const std::size_t a = advise_huge_pages(v.data(), n * sizeof(T));
+    const std::size_t a = huge ? advise_huge_pages(v.data(), n * sizeof(T)) : 0;
     if (advised != nullptr) *advised += a;
   }
   Kokkos::deep_copy(v, T(0));
@@ -93,12 +91,12 @@ class StateArena {
 
   void reserve(std::size_t n) { m_size += round_up(n); }
 
-  /// One allocation of every reserved slice, in host memory advised as huge-page backed before
-  /// the zeros are written (the first touch places the pages).
-  void allocate(const std::string& label) {
+  /// One allocation of every reserved slice; if `huge`, in host memory advised as huge-page
+  /// backed before the zeros are written (the first touch places the pages).
+  void allocate(const std::string& label, bool huge) {
     m_next = 0;
     if (m_size == 0) return;
-    m_all = huge_page_view<view_type>(label, m_size, &m_advised);
+    m_all = huge_page_view<view_type>(label, m_size, huge, &m_advised);
   }
 
   /// The next slice of n elements (n as reserved; 0 gives an empty view).

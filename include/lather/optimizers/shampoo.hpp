@@ -38,6 +38,7 @@
 #include <lather/io/checkpoint.hpp>
 #include <lather/io/state_dict.hpp>
 #include <lather/layout/blocking.hpp>
+#include <lather/memory.hpp>
 #include <lather/optimizers/nonfinite.hpp>
 #include <lather/optimizers/param_group.hpp>
 #include <lather/preconditioners/preconditioners.hpp>
@@ -340,6 +341,7 @@ class Shampoo {
       : m_preconditioner(std::move(preconditioner)), m_grafting(std::move(grafting)), m_comm(std::forward<C>(comm)),
         m_dist(std::move(distributed)) {
     LATHER_THROW_IF(groups.empty(), "lather::Shampoo: no parameter groups given; pass at least one parameter");
+    m_huge_pages = huge_pages_enabled();  // once, before anything is allocated (lather/memory.hpp)
     for (std::size_t g = 0; g < groups.size(); ++g) {
       auto& o = groups[g].options;
       if (!o.peak_lr) o.peak_lr = o.lr;
@@ -722,8 +724,10 @@ class Shampoo {
     return n;
   }
   /// Bytes of the factor matrices' storage (factors, inverse roots, eigenbases: one allocation
-  /// per scalar type) advised as transparent huge pages: host memory on Linux, its whole 2 MiB
-  /// pages, unless `LATHER_HUGE_PAGES=0` or the system has them off ("never"); 0 elsewhere.
+  /// per scalar type) and per-element state advised as transparent huge pages: host memory on
+  /// Linux, its whole 2 MiB pages, when lather::huge_pages_enabled() said so at construction
+  /// (off by default; `LATHER_HUGE_PAGES=1` or lather::set_huge_pages) and the system offers
+  /// them (not "never"); 0 otherwise.
   [[nodiscard]] std::size_t huge_page_bytes() const noexcept { return m_huge_page_bytes; }
   /// Factor matrix k of block b of parameter i as a full d x d matrix (a new view; unpacked when
   /// stored packed). Fences.
@@ -1315,7 +1319,8 @@ class Shampoo {
   // A zero state or work buffer of n elements, on huge pages where they apply
   // (impl::huge_page_view).
   vector_type buffer(const std::string& label, std::int64_t n) {
-    return impl::huge_page_view<vector_type>(label, static_cast<std::size_t>(n), &m_huge_page_bytes);
+    return impl::huge_page_view<vector_type>(label, static_cast<std::size_t>(n), m_huge_pages,
+                                             &m_huge_page_bytes);
   }
 
   // Every preconditioned factor's matrices (the factor, its inverse root unless paired with it,
@@ -1343,8 +1348,8 @@ class Shampoo {
           factors.reserve(n[0]);
           for (std::size_t j = 1; j < 4; ++j) inverses.reserve(n[j]);
         }
-    factors.allocate("lather::Shampoo::factor_matrices");
-    inverses.allocate("lather::Shampoo::inverse_factor_matrices");
+    factors.allocate("lather::Shampoo::factor_matrices", m_huge_pages);
+    inverses.allocate("lather::Shampoo::inverse_factor_matrices", m_huge_pages);
     using MD = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
     for (auto& p : m_params)
       for (auto& blk : p.blocks)
@@ -1376,7 +1381,7 @@ class Shampoo {
     impl::StateArena<value_type, memory_space> arena;
     for (const auto& u : m_users)
       for (const auto n : element_lengths(u)) arena.reserve(n);
-    arena.allocate("lather::Shampoo::element_state");
+    arena.allocate("lather::Shampoo::element_state", m_huge_pages);
     m_huge_page_bytes += arena.advised_bytes();
     for (auto& u : m_users) allocate_element_state(u, arena);
   }
@@ -4548,6 +4553,7 @@ class Shampoo {
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
   std::map<std::size_t, vector_type> m_gram, m_gram2;
   vector_type m_grad, m_work0, m_work1, m_unfold;
+  bool m_huge_pages = false;          // state on huge pages (lather::huge_pages_enabled at construction)
   std::size_t m_huge_page_bytes = 0;  // of the factor arenas (impl::StateArena)
   Kokkos::View<double*, memory_space> m_norm_partials;  // block_norms' chunk partials (device path)
   std::vector<vector_type> m_thread_gram, m_thread_unfold;  // host block concurrency, per thread
