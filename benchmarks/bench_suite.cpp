@@ -450,6 +450,37 @@ void syrk_forms(benchmark::State& state, char trans, std::int64_t n, const std::
   state.counters["GFLOP/s"] = static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(k) / best * 1e-9;
 }
 
+// A factor update as the step runs it (C = 0.001 op(A) op(A)^T + 0.999 C in place, lower
+// triangle, A n x n, single-threaded host BLAS: lather's tiles on AVX-512), over 200 blocks in
+// turn whose A, C or both are distinct ("cold_a", "cold_c", "cold": 51 MiB each at n = 256, past
+// a 32 MiB L3, so every block arrives from memory) or one block 200 times ("hot"). What a step's
+// SYRK loses to memory, which syrk_forms (in cache) does not show; us/block is the best
+// iteration's (docs/performance.md, "A fast VM of the same kind").
+void syrk_stream(benchmark::State& state, char trans, std::int64_t n, const std::string& form) {
+  namespace blas = lather::impl::blas;
+  const std::int64_t k = n, blocks = 200;
+  const bool cold_a = form == "cold" || form == "cold_a", cold_c = form == "cold" || form == "cold_c";
+  std::vector<float> a(static_cast<std::size_t>(n * k * (cold_a ? blocks : 1)));
+  std::vector<float> c(static_cast<std::size_t>(n * n * (cold_c ? blocks : 1)), 0.1f);
+  std::uint64_t x = 88172645463325252ull;
+  for (auto& e : a) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    e = static_cast<float>(x >> 40) / static_cast<float>(1 << 24) - 0.5f;
+  }
+  const blas::SingleThreaded single;
+  auto run = [&] {
+    for (std::int64_t b = 0; b < blocks; ++b)
+      blas::syrk<float>('L', trans, n, k, 0.001f, a.data() + (cold_a ? b : 0) * n * k, n, 0.999f,
+                        c.data() + (cold_c ? b : 0) * n * n, n);
+  };
+  run();  // warm-up (page faults)
+  double best = 0;
+  timed_loop(state, run, &best);
+  state.counters["us/block"] = best / static_cast<double>(blocks) * 1e6;
+  state.counters["GFLOP/s"] =
+      static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(k * blocks) / best * 1e-9;
+}
+
 void triad(benchmark::State& state) {
   const std::int64_t n = std::int64_t{1} << 25;  // 3 x 128 MiB: far beyond any cache
   Kokkos::View<float*, M> a("a", n), b("b", n), c("c", n);
@@ -1234,6 +1265,13 @@ void register_all(bool smoke) {
           else
             b->MinTime(0.2);  // (Google Benchmark refuses both)
         }
+  if constexpr (!device_build)
+    for (const char trans : {'N', 'T'})
+      for (const char* form : {"hot", "cold_a", "cold_c", "cold"}) {
+        auto* b = benchmark::RegisterBenchmark(("syrk_stream/" + std::string(1, trans) + "/256/" + form).c_str(),
+                                               syrk_stream, trans, std::int64_t{256}, std::string(form));
+        b->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(smoke ? 1 : 7);
+      }
   for (const DepthCell& d : depth_cells(device_build))
     for (const DepthForm form : {DepthForm::batched, DepthForm::one_by_one, DepthForm::split}) {
       auto* b = benchmark::RegisterBenchmark(("gemm_batches_depth/" + std::to_string(d.m) + "/" + std::to_string(d.k) +
