@@ -400,7 +400,7 @@ void sgemm(benchmark::State& state, std::int64_t n) {
 // (one GEMM per b-wide column panel from its diagonal down: the diagonal blocks' upper halves
 // computed and wasted) and "gemm" (the full product). GFLOP/s counts n^2 k for every form (the
 // SYRK's work), so the forms compare by time. Whether a GEMM-built update beats OpenBLAS' SYRK at
-// the sizes where the SYRK runs below the GEMM's rate (docs/performance.md, nineteenth round).
+// the sizes where the SYRK runs below the GEMM's rate (docs/performance-history.md, 19th round).
 void syrk_forms(benchmark::State& state, char trans, std::int64_t n, const std::string& form) {
   namespace blas = lather::impl::blas;
   const std::int64_t k = n;
@@ -455,7 +455,7 @@ void syrk_forms(benchmark::State& state, char trans, std::int64_t n, const std::
 // turn whose A, C or both are distinct ("cold_a", "cold_c", "cold": 51 MiB each at n = 256, past
 // a 32 MiB L3, so every block arrives from memory) or one block 200 times ("hot"). What a step's
 // SYRK loses to memory, which syrk_forms (in cache) does not show; us/block is the best
-// iteration's (docs/performance.md, "A fast VM of the same kind").
+// iteration's (docs/performance-history.md, "A fast VM of the same kind").
 void syrk_stream(benchmark::State& state, char trans, std::int64_t n, const std::string& form) {
   namespace blas = lather::impl::blas;
   const std::int64_t k = n, blocks = 200;

@@ -26,16 +26,17 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # Debian packages: build tools, numerical libraries, MPI, test/bench frameworks and the small
 # well-kept libraries the examples and tools use (JSON, CLI, zlib), the Fashion-MNIST data set
-# and gnuplot for the trainer's plot; ccache so that repeated builds (CI, fresh clones on the
-# same machine) reuse compiled objects; clang-16 with its libFuzzer/sanitizer runtimes and
-# OpenMP runtime for the fuzz targets (scripts/fuzz.sh).
+# and gnuplot for the trainer's plot; python3 for the documentation's link check (a test) and
+# CI's launch check; ccache so that repeated builds (CI, fresh clones on the same machine) reuse
+# compiled objects; clang-16 with its libFuzzer/sanitizer runtimes and OpenMP runtime for the
+# fuzz targets (scripts/fuzz.sh).
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config dpkg-dev xz-utils ca-certificates
   libopenblas-dev liblapack-dev liblapacke-dev libeigen3-dev
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   doctest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxtensor-dev zlib1g-dev
-  dataset-fashion-mnist gnuplot-nox
+  dataset-fashion-mnist gnuplot-nox python3
   clang-16 libclang-rt-16-dev libomp-16-dev
 )
 

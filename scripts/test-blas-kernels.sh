@@ -15,7 +15,8 @@
 # Which tests: every CTest test but the MPI ones (their ranks run the kernels the single-process
 # tests cover, and some read files that another rank count's run wrote, so they cannot be
 # picked apart), the install, compile-failure and header checks, the documentation-snippet
-# match and the benchmark smoke test, which do not depend on the BLAS. Extra arguments go to
+# match, the documentation's link check and the benchmark smoke test, which do not depend on
+# the BLAS. Extra arguments go to
 # ctest.
 # Environment: LATHER_BUILD_DIR (default build, as scripts/test.sh), LATHER_JOBS (default 2),
 # LATHER_BLAS_KERNELS (the families to run; default: those the CPU's flags allow).
@@ -46,7 +47,7 @@ for kernels in $LATHER_BLAS_KERNELS; do
   step=$(date +%s)
   echo "== host tests with OPENBLAS_CORETYPE=$kernels"
   OPENBLAS_CORETYPE=$kernels ctest --output-on-failure --no-tests=error -j "$jobs" \
-    -E '(_np[0-9]|^install_|^compile_fail_|^header_|^doc_snippets_match_examples$|^bench_suite_smoke$)' "$@" ||
+    -E '(_np[0-9]|^install_|^compile_fail_|^header_|^doc_snippets_match_examples$|^bench_suite_smoke$|^docs_links)' "$@" ||
     { status=1; echo "test-blas-kernels.sh: tests failed with OPENBLAS_CORETYPE=$kernels" >&2; }
   echo "== OPENBLAS_CORETYPE=$kernels: $(( $(date +%s) - step )) s"
 done
