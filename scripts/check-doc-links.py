@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Checks the relative links of lather's Markdown files: every linked file exists and every
-#anchor names a heading (GitHub's slugs) or an explicit id in the file it points into.
+#anchor names a heading (GitHub's slugs) or an explicit id in the file it points into. Also
+checks the citations that are not links, in the docs and in code comments alike:
+`docs/performance.md, "On a GPU"` (a Markdown file, then a quoted title) must name a Markdown
+file of the tree whose headings or bold lead-ins (`**...**`) contain that title, so that a
+section moved or renamed does not leave comments pointing at nothing.
 
     scripts/check-doc-links.py [ROOT] [--expect FILE]
 
-ROOT (default: the repository) is searched for *.md outside build directories and .git. Each
-broken link is printed as `path:line: target: reason`, paths relative to ROOT; the exit status
-is 1 if there is one. With --expect, the exit status is 0 exactly when the broken links are the
-lines of FILE (the checker's own test, tests/docs_links/). External links (http, https,
-mailto) are not followed: CI has no network.
+ROOT (default: the repository) is searched, outside build directories and .git, for *.md (links
+and citations) and for headers, sources, scripts and CMake files (citations in any text, comments
+included). Each broken link is printed as `path:line: target: reason`, each broken citation as
+`path:line: NAME "TITLE": reason`, paths relative to ROOT; the exit status is 1 if there is one.
+With --expect, the exit status is 0 exactly when the problems are the lines of FILE (the
+checker's own test, tests/docs_links/). External links (http, https, mailto) are not followed:
+CI has no network.
 """
+import bisect
 import os
 import re
 import sys
@@ -49,10 +56,72 @@ def strip_code_spans(line):
     return re.sub(r"(`+)(?:(?!\1).)+\1", "", line)
 
 
+BOLD = re.compile(r"\*\*(.+?)\*\*")
+# `name.md, "Title"`, `name.md "Title"`, `name.md ("Title", ...)`, `[x](name.md), "Title"`,
+# `` `name.md`, "Title" ``: a Markdown file's name, then a quoted title.
+CITATION = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)`?\)?(?:,\s*|\s+)\(?\s*"
+                      r"\"([^\"]{2,160})\"")
+# Lines of comments and Markdown wrap; a citation's title may go on in the next line.
+CONTINUATION = re.compile(r"^[ \t]*(?:///?|#|\*|--)?[ \t]?")
+SOURCE_SUFFIXES = (".md", ".hpp", ".h", ".cpp", ".cc", ".cu", ".sh", ".py", ".cmake", ".in")
+
+
+def normalize_title(text):
+    return " ".join(re.sub(r"[`*]", "", text).lower().split())
+
+
+def citations(path):
+    """(line number, cited file, title) for each citation in a text file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except (UnicodeDecodeError, OSError):
+        return []
+    if path.endswith(".md"):  # a citation shown as code or in a fence is an example
+        in_fence = False
+        for i, line in enumerate(lines):
+            fence = FENCE.match(line)
+            in_fence = in_fence != bool(fence)
+            lines[i] = "" if fence or in_fence else strip_code_spans(line)
+    text, starts = "", []
+    for i, line in enumerate(lines):
+        starts.append(len(text))
+        text += (line if i == 0 else " " + CONTINUATION.sub("", line, count=1))
+    found = []
+    for m in CITATION.finditer(text):
+        number = bisect.bisect_right(starts, m.start())
+        found.append((number, m.group(1), " ".join(m.group(2).split())))
+    return found
+
+
+def tree_files(root, accept):
+    """The files under ROOT whose names `accept` takes, outside build directories, .git and the
+    fixture."""
+    root = os.path.abspath(root)
+    for directory, subdirs, files in os.walk(root):
+        top = os.path.samefile(directory, root)
+        subdirs[:] = sorted(d for d in subdirs
+                            if d not in SKIP_DIRS and not d.startswith("build")
+                            and not (top and d in TOP_SKIP_DIRS)
+                            and os.path.relpath(os.path.join(directory, d), root) != FIXTURE)
+        for name in sorted(files):
+            if accept(name):
+                yield os.path.join(directory, name)
+
+
+def markdown_files(root):
+    return tree_files(root, lambda name: name.endswith(".md"))
+
+
+def source_files(root):
+    return tree_files(root, lambda name: name.endswith(SOURCE_SUFFIXES) or name == "CMakeLists.txt")
+
+
 class Document:
     def __init__(self, path):
         self.path = path
         self.anchors = set()
+        self.titles = []  # normalized heading and bold lead-in texts, for citations
         self.links = []  # (line number, target)
         counts = {}
         in_fence = False
@@ -67,8 +136,11 @@ class Document:
                 if in_fence:
                     visible.append("")
                     continue
+                for m in BOLD.finditer(line):
+                    self.titles.append(normalize_title(m.group(1)))
                 heading = HEADING.match(line)
                 if heading:
+                    self.titles.append(normalize_title(heading.group(2)))
                     base = slug(heading.group(2))
                     n = counts.get(base, 0)
                     counts[base] = n + 1
@@ -85,19 +157,6 @@ class Document:
         for m in INLINE_LINK.finditer(text):
             self.links.append((text.count("\n", 0, m.start(1)) + 1, m.group(1)))
         self.links.sort()
-
-
-def markdown_files(root):
-    root = os.path.abspath(root)
-    for directory, subdirs, files in os.walk(root):
-        top = os.path.samefile(directory, root)
-        subdirs[:] = sorted(d for d in subdirs
-                            if d not in SKIP_DIRS and not d.startswith("build")
-                            and not (top and d in TOP_SKIP_DIRS)
-                            and os.path.relpath(os.path.join(directory, d), root) != FIXTURE)
-        for name in sorted(files):
-            if name.endswith(".md"):
-                yield os.path.join(directory, name)
 
 
 def check(root):
@@ -130,6 +189,18 @@ def check(root):
                 if anchor not in document(linked).anchors:
                     problems.append(f"{where}: no heading or id '{anchor}' in "
                                     f"{os.path.relpath(linked, root)}")
+    for path in source_files(root):
+        for number, name, title in citations(path):
+            candidates = [os.path.join(os.path.dirname(path), name), os.path.join(root, name),
+                          os.path.join(root, "docs", os.path.basename(name))]
+            cited = next((os.path.normpath(c) for c in candidates if os.path.isfile(c)), None)
+            if cited is None:
+                continue  # not a file of this tree (a seed document, another project's README)
+            wanted = normalize_title(title)
+            if not any(wanted in t for t in document(cited).titles):
+                problems.append(f'{os.path.relpath(path, root)}:{number}: {name} "{title}": no '
+                                f"heading or bold lead-in of {os.path.relpath(cited, root)} "
+                                "contains this title")
     return problems
 
 
@@ -151,7 +222,8 @@ def main(argv):
         with open(expect, encoding="utf-8") as f:
             wanted = [line.rstrip("\n") for line in f if line.strip()]
         if sorted(problems) == sorted(wanted):
-            print(f"check-doc-links: the {len(wanted)} expected broken links found, nothing else")
+            print(f"check-doc-links: the {len(wanted)} expected broken links and citations "
+                  "found, nothing else")
             return 0
         for p in sorted(set(wanted) - set(problems)):
             print(f"check-doc-links: expected but not reported: {p}")
@@ -159,15 +231,14 @@ def main(argv):
             print(f"check-doc-links: reported but not expected: {p}")
         return 1
     if problems:
-        print(f"check-doc-links: {len(problems)} broken link(s); fix the target or the heading "
-              "it points to (anchors are GitHub's heading slugs)")
+        print(f"check-doc-links: {len(problems)} broken link(s) or citation(s); fix the target or "
+              "the heading it points to (anchors are GitHub's heading slugs; a moved section keeps "
+              "its heading, so point at the file it moved to)")
         return 1
-    print(f"check-doc-links: every relative link of {len(docs_count(root))} Markdown files resolves")
+    print(f"check-doc-links: every relative link of {len(list(markdown_files(root)))} Markdown "
+          f"files and every citation of a section in {len(list(source_files(root)))} files "
+          "resolves")
     return 0
-
-
-def docs_count(root):
-    return list(markdown_files(os.path.abspath(root)))
 
 
 if __name__ == "__main__":
