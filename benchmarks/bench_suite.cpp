@@ -55,6 +55,13 @@
 #include <string_view>
 #include <vector>
 
+// glibc 2.33+ says how much of the C heap is in use (mallinfo2), for the work arrays a first step
+// leaves behind.
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33)) && __has_include(<malloc.h>)
+#include <malloc.h>
+#define LATHER_BENCH_HEAP_IN_USE 1
+#endif
+
 namespace {
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
@@ -147,6 +154,17 @@ std::map<std::string, Result>& results() {
 // A benchmark that could not measure what it names fails the run (exit status 1), so the smoke
 // test (benchmarks/CMakeLists.txt) catches it.
 bool g_failed = false;
+// Bytes of the C heap in use (small blocks and mmap'd large ones), or -1 where the C library does
+// not say. Kokkos' host allocations and std::vector both come from it.
+double heap_in_use() {
+#ifdef LATHER_BENCH_HEAP_IN_USE
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
+#else
+  return -1;
+#endif
+}
+
 void fail(benchmark::State& state, const char* why) {
   g_failed = true;
   state.SkipWithError(why);
@@ -854,11 +872,17 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   if (other_passes) opt.set_batched_passes(!opt.batched_passes());
   apply_gram_tiles(opt);
   const ExecSpace space;
+  // What the first steps leave on the heap beside the state (built with the optimizer): the
+  // block tasks' work arrays and the root inverses' (per thread, LAPACK's workspace included).
+  // Those are thread-local and grown to the largest size seen, so a cell after a larger one in the
+  // same process reads less: run a cell alone for its own figure.
+  const double heap_built = heap_in_use();
   opt.step(space, model.grads);
   if (!root_step) {
     set_step(opt, 99);
     opt.step(space, model.grads);  // step 100: roots computed, preconditioning from here on
   }
+  if (heap_built >= 0) state.counters["first_steps_heap_MB"] = (heap_in_use() - heap_built) * 1e-6;
   double best = 0;
   const double t = timed_steps(state, opt, space, model, &best);
   if (root_step != opt.last_step_info().amortized || opt.last_step_info().grafted)
