@@ -899,6 +899,9 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
     state.counters["min_GFLOP/s_best"] = w.flops / best * 1e-9;
   }
   state.counters["state_MB"] = bytes * 1e-6;
+  // The optimizer's own work arrays beside the state (Shampoo::workspace_bytes(): sized at
+  // construction, the batched passes' when they are on), exact where first_steps_heap_MB is not.
+  state.counters["workspace_MB"] = static_cast<double>(opt.workspace_bytes()) * 1e-6;
   state.counters["ref_state_MB"] = w.reference_packed * 1e-6;
   state.counters["huge_page_MB"] = static_cast<double>(opt.huge_page_bytes()) * 1e-6;
   state.counters["batched_launches/step"] = static_cast<double>(opt.last_step_info().batched_launches);

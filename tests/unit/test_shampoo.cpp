@@ -30,6 +30,9 @@
 #include <type_traits>
 #include <utility>
 #include <limits>
+#if __has_include(<malloc.h>)
+#include <malloc.h>
+#endif
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -37,6 +40,25 @@
 namespace {
 
 using doctest::Contains;
+
+// Parameters of the given shapes, in memory space M, and gradients of the same shapes: random
+// parameters from seed `seed + i`, zero gradients.
+template <class T, class M>
+struct ShapedTensors {
+  std::vector<Kokkos::View<T*, M>> w, g;
+  std::vector<lather::TensorRef<T, M>> params, grads;
+  ShapedTensors(const std::vector<std::vector<std::int64_t>>& shapes, std::uint64_t seed) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      std::int64_t n = 1;
+      for (auto e : shapes[i]) n *= e;
+      w.emplace_back("w", n);
+      g.emplace_back("g", n);
+      params.emplace_back(w.back().data(), shapes[i]);
+      grads.emplace_back(g.back().data(), shapes[i]);
+      lather::test::from_host(params.back(), lather::test::random_values(static_cast<std::size_t>(n), seed + i));
+    }
+  }
+};
 
 // The section-12 setup: one (4, 3) parameter, W0[i][j] = 0.1 (i - j) + 0.05,
 // G_t[i][j] = sin(1 + i + 2 j + 3 t), max_preconditioner_dim 4, F = 1, S = -1.
@@ -1175,17 +1197,9 @@ void impl_test_paired_storage() {
     std::vector<std::vector<std::int64_t>> extents;  // of each parameter's one block
   };
   auto run = [&](const lather::ShampooOptions& o) {
-    std::vector<Kokkos::View<T*, M>> w, g;
-    std::vector<P> params, grads;
-    for (std::size_t i = 0; i < shapes.size(); ++i) {
-      std::int64_t n = 1;
-      for (auto e : shapes[i]) n *= e;
-      w.emplace_back("w", n);
-      g.emplace_back("g", n);
-      params.push_back(P(w.back().data(), shapes[i]));
-      grads.push_back(P(g.back().data(), shapes[i]));
-      lather::test::from_host(params[i], lather::test::random_values(static_cast<std::size_t>(n), 500 + i));
-    }
+    ShapedTensors<T, M> model(shapes, 500);
+    auto& params = model.params;
+    auto& grads = model.grads;
     Opt opt(params, o, {}, {});
     for (int t = 1; t <= 6; ++t) {
       for (std::size_t i = 0; i < grads.size(); ++i)
@@ -1419,6 +1433,104 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo: factors and element state on huge pages", Ex
   impl_test_shampoo_huge_pages<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(shampoo_huge_pages, lather_test_exec_spaces);
+
+// workspace_bytes() against the C heap (glibc's mallinfo2: Kokkos' host allocations and
+// std::vector both come from it). A warm-up optimizer of the same shapes first takes the
+// process's one-time allocations (and grows the per-thread root and SYRK arrays, which
+// workspace_bytes() leaves out); then constructing the measured optimizer takes its state and
+// workspace and, beyond them, its blocks' index arrays, bookkeeping and the allocators' headers:
+// 29-31 KB here (Kokkos 3.4.1, Serial and OpenMP), and turning the batched passes on for a step
+// that computes no root 10.5 KB beyond the buffers and tables it adds. Both are checked to 64 KiB,
+// so a buffer of more than 33 KB left out fails (the unfolded block, 74 KB, the smallest counted
+// here that is not per factor; the blocked gradient and direction buffers, 240 KB each), and one
+// counted twice or not allocated fails the lower bound. Not under AddressSanitizer, whose
+// allocator mallinfo2 does not see; on devices the buffers are device memory, and only their
+// presence is checked.
+#if defined(__SANITIZE_ADDRESS__)
+#define LATHER_TEST_HEAP_IN_USE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LATHER_TEST_HEAP_IN_USE 0
+#endif
+#endif
+#if !defined(LATHER_TEST_HEAP_IN_USE)
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33)) && __has_include(<malloc.h>)
+#define LATHER_TEST_HEAP_IN_USE 1
+#else
+#define LATHER_TEST_HEAP_IN_USE 0
+#endif
+#endif
+double heap_in_use() {
+#if LATHER_TEST_HEAP_IN_USE
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
+#else
+  return -1;
+#endif
+}
+
+template <class ExecSpace>
+void impl_test_shampoo_workspace_bytes() {
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<float, M>;
+  using Opt = lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting>;
+  // A matrix of 3 x 2 blocks (sizes 128, 72 and 44), a convolution whose middle modes unfold,
+  // and a bias; roots on even steps.
+  const std::vector<std::vector<std::int64_t>> shapes{{300, 200}, {64, 32, 3, 3}, {13}};
+  lather::ShampooOptions o;
+  o.lr = 1e-2;
+  o.max_preconditioner_dim = 128;
+  o.precondition_frequency = 2;
+  o.start_preconditioning_step = 2;
+  o.epsilon = 1e-3;
+  ShapedTensors<float, M> model(shapes, 50);
+  auto& params = model.params;
+  const auto& grads = model.grads;
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    lather::test::from_host(grads[i], lather::test::random_values(static_cast<std::size_t>(grads[i].size()), 60 + i));
+  const ExecSpace space;
+  {
+    Opt warm(params, o, {}, {});
+    for (int t = 0; t < 4; ++t) warm.step(space, grads);
+    warm.set_batched_passes(true);
+    warm.step(space, grads);
+    warm.step(space, grads);
+  }
+  const double h0 = heap_in_use();
+  Opt opt(params, o, {}, {});
+  const double h1 = heap_in_use();
+  const std::size_t built = opt.workspace_bytes();
+  // At least the three (300 x 200) buffers of the blocked gradient and direction, the 128-order
+  // root results and factor backups of the matrix's blocks.
+  CHECK(built >= 3 * 60000 * sizeof(float) + 6 * 128 * 72 * sizeof(float));
+  for (int t = 1; t <= 4; ++t) opt.step(space, grads);  // roots on steps 2 and 4
+  CHECK(opt.workspace_bytes() == built);  // nothing grows after construction on the default path
+  const double h2 = heap_in_use();
+  opt.set_batched_passes(true);
+  opt.step(space, grads);  // step 5: no root
+  const double h3 = heap_in_use();
+  const std::size_t batched = opt.workspace_bytes();
+  CHECK(batched > built);
+  opt.step(space, grads);  // step 6: roots
+  CHECK(opt.workspace_bytes() == batched);
+  if constexpr (std::is_same_v<M, Kokkos::HostSpace>) {
+    if (h0 >= 0) {
+      const double counted = static_cast<double>(opt.state_bytes() + built);
+      const double slack = 65536;
+      INFO("construction took ", h1 - h0, " bytes for ", opt.state_bytes(), " of state and ", built, " of workspace");
+      CHECK(h1 - h0 >= counted);
+      CHECK(h1 - h0 <= counted + slack);
+      INFO("turning the batched passes on took ", h3 - h2, " bytes for ", batched - built, " more of workspace");
+      CHECK(h3 - h2 >= static_cast<double>(batched - built));
+      CHECK(h3 - h2 <= static_cast<double>(batched - built) + slack);
+    }
+  }
+}
+TEST_CASE_TEMPLATE_DEFINE("shampoo: workspace_bytes() is what the optimizer takes from the heap besides its state", ExecSpace,
+                          shampoo_workspace_bytes) {
+  impl_test_shampoo_workspace_bytes<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(shampoo_workspace_bytes, lather_test_exec_spaces);
 
 // The huge-page choice (lather/memory.hpp): set_huge_pages wins over LATHER_HUGE_PAGES; under
 // from_environment "1" turns it on, unset, empty and "0" leave it off, and anything else throws

@@ -723,6 +723,48 @@ class Shampoo {
            sizeof(value_type);
     return n;
   }
+  /// Bytes of work arrays this rank's optimizer holds besides state_bytes(), as they stand: the
+  /// blocked gradient and direction buffers, the unfolded block, the Gram and bias-corrected
+  /// scratch matrices, each preconditioned factor's root result and factor backup (a root step
+  /// commits all its roots or none, and a failed step restores the factors), the amortized
+  /// eigenbases' pending results, the per-thread buffers of host block concurrency and of roots
+  /// computed side by side, the DDP exchange's send and receive buffers, and the batched passes'
+  /// buffers, job tables and device products' partial sums. All sized at construction, but the
+  /// amortized eigenbases' pending results (at their first root step) and the batched passes'
+  /// (when they are turned on). Not counted: the blocks' index arrays and other bookkeeping (tens
+  /// of bytes a block), and the root-inverse strategy's own per-thread work arrays
+  /// (EigenRootInverse: impl::EigenWorkspace and LAPACK's, kept per host thread for the largest
+  /// root seen and shared by every optimizer of the process; docs/performance.md, "Tuning guide",
+  /// counts them).
+  [[nodiscard]] std::size_t workspace_bytes() const {
+    const auto bytes = [](const auto& v) {
+      return v.span() * sizeof(typename std::decay_t<decltype(v)>::value_type);
+    };
+    std::size_t n = bytes(m_send) + bytes(m_recv) + bytes(m_grad) + bytes(m_work0) + bytes(m_work1) + bytes(m_unfold) +
+                    bytes(m_norm_partials) + bytes(m_batch_grad) + bytes(m_batch_work) + bytes(m_batch_pool) +
+                    bytes(m_batch_norms) + bytes(m_batch_partials) + m_gemm_batches.workspace_bytes() +
+                    m_tab_gather.bytes() + m_tab_backup.bytes() + m_tab_unfold.bytes() + m_tab_combine.bytes() +
+                    m_tab_filter.bytes() + m_tab_unpack.bytes() + m_tab_copy.bytes() + m_tab_apply.bytes() +
+                    m_tab_norms.bytes() + m_tab_norm_sums.bytes() + m_step_values.bytes() + m_tab_matvec.bytes() +
+                    m_tab_scale.bytes();
+    for (const auto* m : {&m_gram, &m_gram2})
+      for (const auto& [d, v] : *m) n += bytes(v);
+    for (const auto& [d, v] : m_scratch) n += bytes(v);
+    for (const auto* t : {&m_thread_gram, &m_thread_unfold, &m_thread_grad, &m_thread_x})
+      for (const auto& v : *t) n += bytes(v);
+    for (const auto& v : m_thread_root) n += v.capacity() * sizeof(factor_type);
+    for (const auto& p : m_params) {
+      n += bytes(p.norms);
+      for (const auto& per_block : p.backup)
+        for (const auto& v : per_block) n += bytes(v);
+      for (const auto& per_block : p.result)
+        for (const auto& v : per_block) n += bytes(v);
+      for (const auto* pending : {&p.pending_q, &p.pending_lambda, &p.pending_x})
+        for (const auto& per_block : *pending)
+          for (const auto& v : per_block) n += v.capacity() * sizeof(inverse_factor_type);
+    }
+    return n;
+  }
   /// Bytes of the factor matrices' storage (factors, inverse roots, eigenbases: one allocation
   /// per scalar type) and per-element state advised as transparent huge pages: host memory on
   /// Linux, its whole 2 MiB pages, when lather::huge_pages_enabled() said so at construction

@@ -28,9 +28,9 @@ namespace lather {
 /// - on a device execution space (CUDA, HIP), for n >= `newton_min_dim_device` (default 0, i.e.
 ///   always): Newton's products stay on the device, while the eigendecomposition copies each
 ///   factor to the host and back and runs LAPACK on the CPU. On an H200 with a 16-core host
-///   (docs/performance.md, "On a GPU") Newton took 0.92x (float) and 0.69x (double) the
-///   eigendecomposition's time at n = 128 and 0.04-0.13x from n = 512 to 4096, so there is no
-///   crossover to set there; measure your own with `lather_bench_suite` (HIP is not measured).
+///   (docs/performance-history.md, "Per-parameter kernels on an H200") Newton took 0.92x
+///   (float) and 0.69x (double) the eigendecomposition's time at n = 128 and 0.04-0.13x from
+///   n = 512 to 4096, so there is no crossover to set there; measure your own with `lather_bench_suite` (HIP is not measured).
 /// Whatever the thresholds say, the eigendecomposition is used when Newton cannot honour the
 /// request: a non-integer root, or `eigen.pseudo_inverse` (Newton has no pseudo-inverse rule).
 /// With `fallback_to_eigen` (the default) it is also used when Newton was tried and did not

@@ -7,8 +7,8 @@
 /// Why: Shampoo's batched passes (set_batched_passes) queue a Gram product and a preconditioning
 /// product per factor of every block. At block size 256 a ResNet-50 is about a thousand such
 /// products of a handful of shapes; made one by one on an H100 they were 90% of a steady step
-/// (the twentieth round's kernel profile, docs/performance.md "On a GPU"), each too small to fill
-/// the GPU. One call per shape launches them together.
+/// (the twentieth round's kernel profile, docs/performance-history.md, "The batched passes on an
+/// H100"), each too small to fill the GPU. One call per shape launches them together.
 ///
 /// Only groups of shallow products are batched: inner dimension k at most depth_ratio() (16)
 /// times the larger of m and n. A batched call gives each product's output tiles to one thread
@@ -16,8 +16,8 @@
 /// dimension: 3 x 3 from k = 196608 in ResNet-50 at block size 1024) runs serially on a few
 /// multiprocessors, where cuBLAS' single call splits k. On an H100, batching every group made
 /// ResNet-50's steady step 18.6 ms at block size 1024 and 8.3 ms at 256; leaving the deep groups to
-/// one call each made them 8.9-9.4 and 6.2-6.4 ms, the other sets unchanged (docs/performance.md,
-/// "On a GPU", twenty-third round).
+/// one call each made them 8.9-9.4 and 6.2-6.4 ms, the other sets unchanged
+/// (docs/performance-history.md, "Batched products, chunked products and norms on an H100").
 ///
 /// The products of one run must be independent (no product reads another's output). Within a
 /// shape group the products keep their queue order; the groups run in order of first appearance.
@@ -255,6 +255,12 @@ class GemmBatches {
   }
   /// Gram products the last run tiled.
   [[nodiscard]] std::int64_t tiled_products() const noexcept { return m_tiled_count; }
+  /// Bytes held for runs (grown to the largest run, kept): the split products' partial outputs,
+  /// their reduction jobs, the pointer arrays and their pinned staging (CUDA, HIP).
+  [[nodiscard]] std::size_t workspace_bytes() const noexcept {
+    return m_partials.span() * sizeof(T) + m_reduction_jobs.span() * sizeof(Reduction) +
+           m_pointers.span() * sizeof(std::uintptr_t) + m_staging.capacity();
+  }
   /// Whether group `grp` is one batched call where the BLAS batches (batched_blas): more than one
   /// product, shallow enough, and sizes the BLAS' int takes; chunks of split products always.
   [[nodiscard]] bool fits_batch(const Group& grp) const noexcept {

@@ -156,6 +156,11 @@ class UploadedTable {
   void begin_step() noexcept { m_cursor = 0; }
   /// Host-to-memory-space copies so far (one per launch that changed anything).
   [[nodiscard]] std::int64_t uploads() const noexcept { return m_uploads; }
+  /// Bytes the table holds: its entries in the memory space, the host's two copies, the record
+  /// of which places are written and the pinned staging bytes (CUDA, HIP).
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return (m_device.span() + m_host.span() + m_held.span()) * sizeof(Entry) + m_valid.capacity() + m_staging.capacity();
+  }
 
  protected:
   void push(const Entry& e) {

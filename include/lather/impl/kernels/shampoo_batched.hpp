@@ -6,9 +6,9 @@
 ///
 /// Why: on a GPU the per-parameter kernels are launches per parameter and per block; resnet50 at
 /// block size 256 ran 2967 kernels a steady step on the H200 of the fourteenth #7 round, at 1% of
-/// its SGEMM rate (docs/performance.md, "On a GPU"). The arithmetic of each element is the
-/// per-parameter kernels' (shared functions), so the two paths differ only where the products'
-/// summation order does.
+/// its SGEMM rate (docs/performance-history.md, "Per-parameter kernels on an H200"). The
+/// arithmetic of each element is the per-parameter kernels' (shared functions), so the two paths
+/// differ only where the products' summation order does.
 #ifndef LATHER_IMPL_KERNELS_SHAMPOO_BATCHED_HPP
 #define LATHER_IMPL_KERNELS_SHAMPOO_BATCHED_HPP
 
@@ -145,8 +145,8 @@ struct UnpackJob {
 /// threads read neighbouring elements of full storage). Why not one team per block: a block of
 /// d = 1024 read 4 MB at one GPU multiprocessor's bandwidth; on the H100 of the twentieth #7
 /// round the one-team-per-block form was 3.6 ms of resnet50's 14.7 ms steady step at block
-/// size 1024 (docs/performance.md, "On a GPU"). Chunks of 4096 elements spread such a block over
-/// 256 teams.
+/// size 1024 (docs/performance-history.md, "The batched passes on an H100"). Chunks of 4096
+/// elements spread such a block over 256 teams.
 template <class T, class F>
 struct MatVecChunkJob {
   SymmetricStorage<F> p;
