@@ -1503,6 +1503,16 @@ void impl_test_shampoo_workspace_bytes() {
   // At least the three (300 x 200) buffers of the blocked gradient and direction, the 128-order
   // root results and factor backups of the matrix's blocks.
   CHECK(built >= 3 * 60000 * sizeof(float) + 6 * 128 * 72 * sizeof(float));
+  {
+    // Symmetric packing halves the pending root results as it halves the factor backups: full
+    // storage adds to the workspace (backup and result) what it adds to the state (factor and
+    // inverse root), d^2 - d (d + 1) / 2 elements twice per preconditioned factor.
+    auto full_opts = o;
+    full_opts.use_symmetric_packing = false;
+    const Opt full(params, full_opts, {}, {});
+    CHECK(full.state_bytes() > opt.state_bytes());
+    CHECK(full.workspace_bytes() - built == full.state_bytes() - opt.state_bytes());
+  }
   for (int t = 1; t <= 4; ++t) opt.step(space, grads);  // roots on steps 2 and 4
   CHECK(opt.workspace_bytes() == built);  // nothing grows after construction on the default path
   const double h2 = heap_in_use();

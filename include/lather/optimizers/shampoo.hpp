@@ -750,9 +750,11 @@ class Shampoo {
     for (const auto* m : {&m_gram, &m_gram2})
       for (const auto& [d, v] : *m) n += bytes(v);
     for (const auto& [d, v] : m_scratch) n += bytes(v);
+    n += bytes(m_root_full);
     for (const auto* t : {&m_thread_gram, &m_thread_unfold, &m_thread_grad, &m_thread_x})
       for (const auto& v : *t) n += bytes(v);
-    for (const auto& v : m_thread_root) n += v.capacity() * sizeof(factor_type);
+    for (const auto* t : {&m_thread_root, &m_thread_root_out})
+      for (const auto& v : *t) n += v.capacity() * sizeof(factor_type);
     for (const auto& p : m_params) {
       n += bytes(p.norms);
       for (const auto& per_block : p.backup)
@@ -1108,9 +1110,9 @@ class Shampoo {
     // Eigenbasis kinds: the amortized step's pending basis and eigenvalues (host, row-major).
     std::vector<std::vector<std::vector<inverse_factor_type>>> pending_q, pending_lambda, pending_x;
     Kokkos::View<double**, memory_space> norms;  // per block: ||graft(Gbar)||^2, ||P||^2
-    // Transactional amortized steps: factors before this step's update, root results pending.
-    std::vector<std::vector<Kokkos::View<factor_type*, memory_space>>> backup;
-    std::vector<std::vector<Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>>> result;
+    // Transactional amortized steps: factors before this step's update, root results pending
+    // (root-inverse kind only), both stored as the factor is (packed: the upper triangle).
+    std::vector<std::vector<Kokkos::View<factor_type*, memory_space>>> backup, result;
   };
 
   // ---- construction --------------------------------------------------------------------------
@@ -1338,8 +1340,9 @@ class Shampoo {
           const auto stored = static_cast<std::size_t>(impl::kernels::SymmetricStorage<factor_type>::size(f.dim, f.packed));
           // The matrices themselves come from the arenas once every block is known
           // (allocate_factor_storage).
-          if constexpr (kind != PreconditionerKind::eigenvalue_corrected)
-            p.result.back().emplace_back("lather::Shampoo::root_result", dk, dk);
+          // The eigenbasis kinds keep their pending results on the host (pending_q, ...).
+          if constexpr (kind == PreconditionerKind::root_inverse)
+            p.result.back().emplace_back("lather::Shampoo::root_result", stored);
           else
             p.result.back().emplace_back();
           p.backup.back().emplace_back("lather::Shampoo::factor_backup", stored);
@@ -1347,6 +1350,8 @@ class Shampoo {
             m_gram[dk] = vector_type("lather::Shampoo::gram", dk * dk);
           if (m_scratch.find(dk) == m_scratch.end())
             m_scratch[dk] = Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>("lather::Shampoo::bias_corrected", dk, dk);
+          if constexpr (kind == PreconditionerKind::root_inverse)
+            if (m_root_full.extent(0) < dk * dk) Kokkos::realloc(m_root_full, dk * dk);
         } else {
           p.backup.back().emplace_back();
           p.result.back().emplace_back();
@@ -1772,8 +1777,8 @@ class Shampoo {
           Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::commit_inverse"),
                                Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
                                    space, {0, 0}, {f.dim, f.dim}),
-                               impl::kernels::PackCopy<factor_type, inverse_factor_type, memory_space>{
-                                   p.result[b][k], f.inverse_storage()});
+                               impl::kernels::SymmetricCopy<factor_type, inverse_factor_type>{
+                                   result_storage(p, b, k).as_const(), f.inverse_storage()});
         }
         if (failed) {
           ++p.blocks[b].consecutive_failures;
@@ -2102,8 +2107,10 @@ class Shampoo {
         if (!m_fused_eligible) continue;
         m_thread_grad.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_grad", max_block));
         m_thread_x.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_work", max_block));
-        if constexpr (roots_side_by_side_possible)
+        if constexpr (roots_side_by_side_possible) {
           m_thread_root.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
+          m_thread_root_out.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
+        }
       }
     } else {
       (void)max_unfold;
@@ -3008,6 +3015,24 @@ class Shampoo {
     const auto& f = p.blocks[b].factors[k];
     return {p.backup[b][k].data(), f.dim, f.packed};
   }
+  // A pending root result (root-inverse kind), stored as the factor is.
+  static impl::kernels::SymmetricStorage<factor_type> result_storage(const ParamState& p, std::size_t b, std::size_t k) {
+    const auto& f = p.blocks[b].factors[k];
+    return {p.result[b][k].data(), f.dim, f.packed};
+  }
+  // A full root into its pending result on the host: one contiguous copy per row of the upper
+  // triangle (packed rows are contiguous) rather than a 2-D kernel per factor.
+  static void store_root_on_host(const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>& full,
+                                 const impl::kernels::SymmetricStorage<factor_type>& out) {
+    const std::int64_t d = out.d;
+    for (std::int64_t r = 0; r < d; ++r) {
+      const factor_type* row = full.data() + r * d;
+      if (out.packed)
+        std::copy(row + r, row + d, out.upper_row(r) + r);
+      else
+        std::copy(row, row + d, out.data + r * d);
+    }
+  }
 
   void restore_factors(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g) {
     for (std::size_t i = 0; i < m_params.size(); ++i) {
@@ -3061,8 +3086,18 @@ class Shampoo {
           if (bad != 0) throw_bad_factor(i, blk, k, bad);
           RootInverseStatus s = RootInverseStatus::failed;
           if constexpr (kind == PreconditionerKind::root_inverse) {
+            const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space> full(m_root_full.data(), dk, dk);
             s = inner().compute(space, Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), f.root,
-                                o.epsilon, p.result[b][k]);
+                                o.epsilon, full);
+            if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible) {
+              space.fence();
+              store_root_on_host(full, result_storage(p, b, k));
+            } else {
+              Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::store_root"),
+                                   Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                       space, {0, 0}, {dk, dk}),
+                                   impl::kernels::PackCopy<factor_type, factor_type, memory_space>{full, result_storage(p, b, k)});
+            }
           } else if constexpr (kind == PreconditionerKind::eigendecomposed ||
                                kind == PreconditionerKind::eigenvalue_corrected) {
             s = inner().amortized.compute_in_double ? eigen_refresh<double>(space, a, f, o.epsilon, p, b, k)
@@ -3228,8 +3263,11 @@ class Shampoo {
     job.bad = bad;
     if (bad != 0) return;
     try {
+      const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space> full(
+          t == 0 ? m_root_full.data() : m_thread_root_out[static_cast<std::size_t>(t)].data(), d, d);
       job.status = inner().compute_on_host(Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), f.root,
-                                           o.epsilon, p.result[job.block][job.factor]);
+                                           o.epsilon, full);
+      store_root_on_host(full, result_storage(p, job.block, job.factor));
     } catch (...) {
       job.error = std::current_exception();
     }
@@ -4593,6 +4631,9 @@ class Shampoo {
   std::vector<UserParam> m_users;
   std::vector<ParamState> m_params;  // pieces
   std::map<std::size_t, Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>> m_scratch;
+  // Root-inverse kind: a full root as the strategy writes it, before it is stored as the factor
+  // is (packed: half the bytes), the largest factor's d^2 once instead of d^2 per factor.
+  Kokkos::View<factor_type*, memory_space> m_root_full{"lather::Shampoo::root_full", 0};
   std::map<std::size_t, vector_type> m_gram, m_gram2;
   vector_type m_grad, m_work0, m_work1, m_unfold;
   bool m_huge_pages = false;          // state on huge pages (lather::huge_pages_enabled at construction)
@@ -4605,7 +4646,9 @@ class Shampoo {
   std::vector<char> m_fused_wide;                           // per parameter: all its blocks run wide
   std::vector<FusedTask> m_fused_order, m_fused_tasks;
   std::vector<FusedTask> m_fused_wide_tasks;  // the blocks that run wide (those parameters' and balance_fused's), in order
-  std::vector<std::vector<factor_type>> m_thread_root;  // roots side by side: threads > 0, largest d^2
+  // Roots side by side, threads > 0, largest d^2 each: the bias-corrected factor and the full
+  // root before it is stored as the factor is (thread 0 takes m_scratch and m_root_full).
+  std::vector<std::vector<factor_type>> m_thread_root, m_thread_root_out;
   std::vector<RootJob> m_root_jobs;
   bool m_roots_reserved = false;
   std::vector<std::uint32_t> m_root_order;

@@ -1178,6 +1178,20 @@ struct PackCopy {
   }
 };
 
+/// One symmetric storage into another of another type (a pending root result, stored as its
+/// factor is, into the inverse factor's storage: packed, paired or full). Packed storage is
+/// written in its upper triangle only; a full source is copied element for element, so a
+/// root's full result keeps its lower triangle as computed.
+template <class In, class Out>
+struct SymmetricCopy {
+  SymmetricStorage<const In> in;
+  SymmetricStorage<Out> out;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    if (out.packed && i > j) return;
+    out(i, j) = Out(in(i, j));
+  }
+};
+
 /// Identity into (possibly packed) storage: the inverse factors' initial value.
 template <class F>
 struct SetIdentity {
