@@ -1369,3 +1369,62 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 #endif
 
+
+namespace {
+// Steady and root steps of one Shampoo preconditioner policy after its first root step: the heap
+// allocations of step 5 (steady) and step 6 (roots), as a pair.
+template <class ExecSpace, class Policy>
+std::pair<std::int64_t, std::int64_t> policy_step_allocations(const Policy& policy, bool matrices_only) {
+  using Space = typename ExecSpace::memory_space;
+  const ExecSpace space;
+  std::vector<std::vector<std::int64_t>> shapes;
+  auto flat = step_params<Space>(shapes);
+  auto grads_flat = step_params<Space>(shapes);
+  if (matrices_only) {  // spectral descent: 2-D blocks only
+    shapes = {shapes[0], shapes[1]};
+    flat.resize(2);
+    grads_flat.resize(2);
+  }
+  std::vector<lather::TensorRef<float, Space>> params;
+  for (std::size_t i = 0; i < flat.size(); ++i) params.emplace_back(flat[i].data(), std::span<const std::int64_t>(shapes[i]));
+  std::vector<lather::TensorRef<const float, Space>> grads;
+  for (std::size_t i = 0; i < grads_flat.size(); ++i)
+    grads.emplace_back(grads_flat[i].data(), std::span<const std::int64_t>(shapes[i]));
+  lather::ShampooOptions o;
+  o.lr = 1e-3;
+  o.max_preconditioner_dim = 256;
+  o.epsilon = 1e-6;
+  o.precondition_frequency = 3;
+  o.start_preconditioning_step = 3;
+  lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, Policy, lather::AdamGrafting> opt(
+      std::span<lather::TensorRef<float, Space>>(params), o, policy, lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
+  for (int t = 1; t <= 4; ++t) opt.step(space, grads);
+  const auto steady = heap_allocations([&] { opt.step(space, grads); });
+  const auto root = heap_allocations([&] { opt.step(space, grads); });
+  return {steady, root};
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("allocations: every Shampoo preconditioner policy's steps allocate nothing after the first root step",
+                          ExecSpace, policy_allocations) {
+  using Space = typename ExecSpace::memory_space;
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible) {
+    const auto check = [](const char* what, std::pair<std::int64_t, std::int64_t> n) {
+      INFO(std::string(what), ": steady step ", n.first, ", root step ", n.second, " heap allocations");
+      CHECK(n.first == 0);
+      CHECK(n.second == 0);
+    };
+    check("eigendecomposed, eigh", policy_step_allocations<ExecSpace>(lather::EigendecomposedShampoo<>{}, false));
+    check("eigendecomposed, QR", policy_step_allocations<ExecSpace>(lather::EigendecomposedShampoo<lather::QREigendecomposition>{}, false));
+    check("eigenvalue-corrected, eigh", policy_step_allocations<ExecSpace>(lather::EigenvalueCorrectedShampoo<>{}, false));
+    check("eigenvalue-corrected, eigh with adaptive skip",
+          policy_step_allocations<ExecSpace>(lather::EigenvalueCorrectedShampoo<>{.amortized = {.tolerance = 0.5}}, false));
+    check("SOAP (QR)", policy_step_allocations<ExecSpace>(lather::SOAP{}, false));
+    check("KL, root inverse", policy_step_allocations<ExecSpace>(lather::KLShampoo<>{}, false));
+    check("KL, eigendecomposed", policy_step_allocations<ExecSpace>(lather::KLShampoo<lather::EigendecomposedShampoo<>>{}, false));
+    check("Muon", policy_step_allocations<ExecSpace>(lather::Muon{}, true));
+    check("spectral descent, SVD", policy_step_allocations<ExecSpace>(lather::SpectralDescent<lather::SVDOrthogonalization>{}, true));
+    check("sign descent", policy_step_allocations<ExecSpace>(lather::SignDescent{}, false));
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(policy_allocations, lather_test_exec_spaces);

@@ -24,6 +24,7 @@
 #include <lather/impl/backends/blas.hpp>
 #include <lather/impl/backends/blas_split.hpp>
 #include <lather/impl/gradients.hpp>
+#include <lather/impl/host_scratch.hpp>
 #include <lather/impl/kernels/distributed.hpp>
 #include <lather/impl/kernels/diagonal.hpp>
 #include <lather/impl/kernels/launch.hpp>
@@ -250,6 +251,12 @@ struct ShampooStepInfo {
   /// Where the step's time went: zeros unless Shampoo::set_phase_timing(true)
   ShampooPhaseSeconds seconds;
 };
+// Owner tags of Shampoo's host scratch vectors (impl::host_scratch), shared by every
+// instantiation: the eigenbasis kinds' refreshes, eigendecomposed Shampoo's inverse roots from
+// their eigenpairs, and spectral descent's SVD.
+struct EigenRefreshScratch {};
+struct InverseFromEigenpairsScratch {};
+struct OrthogonalizeScratch {};
 }  // namespace impl
 
 /// \brief DistributedShampoo on one process.
@@ -735,7 +742,8 @@ class Shampoo {
   /// of bytes a block), and the root-inverse strategy's own per-thread work arrays
   /// (EigenRootInverse: impl::EigenWorkspace and LAPACK's, kept per host thread for the largest
   /// root seen and shared by every optimizer of the process; docs/performance.md, "Tuning guide",
-  /// counts them).
+  /// counts them), nor the host scratch of the eigenbasis refreshes and the SVD
+  /// (impl::host_scratch, per thread and process-wide as well).
   [[nodiscard]] std::size_t workspace_bytes() const {
     const auto bytes = [](const auto& v) {
       return v.span() * sizeof(typename std::decay_t<decltype(v)>::value_type);
@@ -1036,7 +1044,7 @@ class Shampoo {
                                              std::to_string(pe.k));
         const auto& l = std::get<std::vector<inverse_factor_type>>(lt.values);
         std::vector<inverse_factor_type> x;
-        LATHER_THROW_IF(!inverse_from_eigenpairs(q, l, f.dim, f.root, m_groups[m_params[pe.i].group].options.epsilon, x),
+        LATHER_THROW_IF(!inverse_from_eigenpairs(q, l, f.dim, f.packed, f.root, m_groups[m_params[pe.i].group].options.epsilon, x),
                         "lather::Shampoo::load_state_dict: the eigenpairs of factor ", pe.k, " of block ", pe.b, " of ",
                         describe_piece(pe.i), " give a non-finite inverse root; nothing was changed");
         rebuilt.push_back(std::move(x));
@@ -2968,9 +2976,26 @@ class Shampoo {
       if (!f.preconditioned || j == skip) continue;
       value_type* to = from == a ? b : a;
       const auto [outer, d, inner] = unfold(blk.extent, j);
-      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::precondition"), Range(space, 0, outer * d * inner),
-                           impl::kernels::ModeProduct<value_type, inverse_factor_type>{
-                               from, to, d, inner, f.inverse_storage().as_const()});
+      if constexpr (host_products && std::is_same_v<value_type, inverse_factor_type>) {
+        // GEMMs, as the eigenbasis rotations (rotate_mode_blas, whose Q(c, i) is ModeProduct's
+        // P(c, i)): a full inverse root as stored, a packed one unpacked row-major into the d x d
+        // Gram scratch first (free: this factor's Gram product comes after).
+        const auto st = f.inverse_storage();
+        const inverse_factor_type* q = st.data;
+        if (st.packed) {
+          const auto full = gram_scratch(d);
+          Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::unpack_inverse"),
+                               Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                   space, {0, 0}, {d, d}),
+                               impl::kernels::Unpack<inverse_factor_type, blas_matrix_type>{st.as_const(), full});
+          q = full.data();
+        }
+        rotate_mode_blas(space, from, to, outer, d, inner, q, false);
+      } else {
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::precondition"), Range(space, 0, outer * d * inner),
+                             impl::kernels::ModeProduct<value_type, inverse_factor_type>{
+                                 from, to, d, inner, f.inverse_storage().as_const()});
+      }
       from = to;
     }
     return from;
@@ -2986,12 +3011,36 @@ class Shampoo {
       if (!f.preconditioned) continue;
       value_type* to = from == x ? y : x;
       const auto [outer, d, inner] = unfold(blk.extent, j);
-      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::rotate"), Range(space, 0, outer * d * inner),
-                           impl::kernels::ModeProductGeneral<value_type, inverse_factor_type>{
-                               from, to, d, inner, f.eigenvectors.data(), back});
+      if constexpr (host_products && std::is_same_v<value_type, inverse_factor_type>) {
+        rotate_mode_blas(space, from, to, outer, d, inner, f.eigenvectors.data(), back);
+      } else {
+        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::rotate"), Range(space, 0, outer * d * inner),
+                             impl::kernels::ModeProductGeneral<value_type, inverse_factor_type>{
+                                 from, to, d, inner, f.eigenvectors.data(), back});
+      }
       from = to;
     }
     return from;
+  }
+  // y = x (row-major (outer, d, inner)) rotated along its middle mode by Q^T, or Q with `back`
+  // (Q row-major d x d, column j the j-th eigenvector), as the host BLAS's GEMMs: the portable
+  // kernel (ModeProductGeneral, one dot product of length d per element) ran at a few GFLOP/s
+  // and took 88% of an eigenvalue-corrected root step of gpt2-block at block size 256
+  // (docs/performance-history.md, "Eigenbasis rotations through the BLAS"). The row-major Q is
+  // the column-major Q^T (qc below); a slice x_a (d x inner, row-major) the column-major
+  // inner x d matrix M_a = x_a^T, and y_a^T = M_a Q (M_a Q^T with `back`). For inner = 1 all
+  // slices are one column-major d x outer matrix Z, and y = Q^T Z (Q Z).
+  void rotate_mode_blas(const ExecSpace& space, value_type* x, value_type* y, std::int64_t outer, std::int64_t d,
+                        std::int64_t inner, const inverse_factor_type* q, bool back) {
+    const auto qc = blas_matrix(const_cast<value_type*>(q), d, d);
+    if (inner == 1) {
+      gemm(space, back ? "T" : "N", "N", value_type(1), qc, blas_matrix(x, d, outer), value_type(0),
+           blas_matrix(y, d, outer));
+      return;
+    }
+    for (std::int64_t a = 0; a < outer; ++a)
+      gemm(space, "N", back ? "N" : "T", value_type(1), blas_matrix(x + a * d * inner, inner, d), qc, value_type(0),
+           blas_matrix(y + a * d * inner, inner, d));
   }
 
   // to = from for a factor and its backup: a kernel, not Kokkos::deep_copy, whose parallel host
@@ -3307,7 +3356,12 @@ class Shampoo {
     const auto qh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f.eigenvectors);
     bool ridge = true;
     if constexpr (kind == PreconditionerKind::eigendecomposed) ridge = inner().ridge();
-    std::vector<C> ac(n * n), q(n * n), lambda;
+    // Per-thread scratch (impl::host_scratch): a root step allocates nothing after the first.
+    auto& ac = impl::host_scratch<C, impl::EigenRefreshScratch, 0>();
+    auto& q = impl::host_scratch<C, impl::EigenRefreshScratch, 1>();
+    auto& lambda = impl::host_scratch<C, impl::EigenRefreshScratch, 2>();
+    ac.resize(n * n);
+    q.resize(n * n);
     for (std::size_t j = 0; j < n; ++j)
       for (std::size_t i = 0; i < n; ++i) {
         ac[i + j * n] = static_cast<C>(ah(i, j)) + (ridge && i == j ? static_cast<C>(epsilon) : C(0));
@@ -3321,19 +3375,27 @@ class Shampoo {
       for (std::size_t j = 0; j < n; ++j) pq[i * n + j] = static_cast<inverse_factor_type>(q[i + j * n]);
     p.pending_lambda[b][k].assign(lambda.begin(), lambda.end());
     if constexpr (kind == PreconditionerKind::eigendecomposed) {
-      if (!inverse_from_eigenpairs(pq, p.pending_lambda[b][k], f.dim, f.root, epsilon, p.pending_x[b][k]))
+      if (!inverse_from_eigenpairs(pq, p.pending_lambda[b][k], f.dim, f.packed, f.root, epsilon, p.pending_x[b][k]))
         return RootInverseStatus::non_finite;
     }
     return s;
   }
 
   // Eigendecomposed Shampoo's inverse root from stored eigenpairs (Q row-major, column j the j-th
-  // eigenvector): X = Q diag(f(lambda)) Q^T with the policy's eigenvalue rule, row-major into x.
+  // eigenvector): X = Q diag(f(lambda)) Q^T with the policy's eigenvalue rule, into x as the
+  // inverse factor is stored (SymmetricStorage with tri 0: packed upper rows, or full row-major).
   // False when X is not finite.
   bool inverse_from_eigenpairs(const std::vector<inverse_factor_type>& q_rows, const std::vector<inverse_factor_type>& lambda,
-                               std::int64_t dim, double root, double epsilon, std::vector<inverse_factor_type>& x) const {
+                               std::int64_t dim, bool packed, double root, double epsilon,
+                               std::vector<inverse_factor_type>& x) const {
     const auto n = static_cast<std::size_t>(dim);
-    std::vector<inverse_factor_type> s, q(n * n);
+    auto& s = impl::host_scratch<inverse_factor_type, impl::InverseFromEigenpairsScratch, 0>();
+    auto& q = impl::host_scratch<inverse_factor_type, impl::InverseFromEigenpairsScratch, 1>();
+    auto& scaled = impl::host_scratch<inverse_factor_type, impl::InverseFromEigenpairsScratch, 2>();
+    auto& xc = impl::host_scratch<inverse_factor_type, impl::InverseFromEigenpairsScratch, 3>();
+    q.resize(n * n);
+    scaled.resize(n * n);
+    xc.resize(n * n);
     bool perturb_before = true;
     std::optional<PseudoInverse> pseudo;
     if constexpr (kind == PreconditionerKind::eigendecomposed) {
@@ -3343,13 +3405,16 @@ class Shampoo {
     if (!impl::inverse_root_scales(lambda, root, epsilon, perturb_before, pseudo, s)) return false;
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < n; ++j) q[i + j * n] = q_rows[i * n + j];
-    const auto xc = impl::matrix_from_eigenpairs(q, s, n);
-    x.resize(n * n);
+    impl::matrix_from_eigenpairs_into(q.data(), s.data(), n, scaled.data(), xc.data());
+    x.resize(static_cast<std::size_t>(impl::kernels::SymmetricStorage<inverse_factor_type>::size(dim, packed)));
+    const impl::kernels::SymmetricStorage<inverse_factor_type> st{x.data(), dim, packed};
     bool finite = true;
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < n; ++j) {
-        x[i * n + j] = xc[i + j * n];
-        finite = finite && std::isfinite(x[i * n + j]);
+    // xc is symmetric (mirrored): the stored triangle holds every value it has.
+    for (std::int64_t i = 0; i < dim; ++i)
+      for (std::int64_t j = packed ? i : 0; j < dim; ++j) {
+        const inverse_factor_type v = xc[static_cast<std::size_t>(i) + static_cast<std::size_t>(j) * n];
+        st(i, j) = v;
+        finite = finite && std::isfinite(v);
       }
     return finite;
   }
@@ -3358,26 +3423,34 @@ class Shampoo {
   // may die after the call).
   template <class S, class V>
   static void host_to_view(const ExecSpace& space, const std::vector<S>& v, const V& view) {
-    Kokkos::View<const S*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(v.data(), v.size());
-    Kokkos::deep_copy(space, view, h);
-    space.fence();
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible) {
+      // A copy on the calling thread: Kokkos 3.4's deep_copy of host memory goes parallel past
+      // a size, and that allocates (tests/unit/test_host_blas.cpp, policy allocations).
+      LATHER_THROW_RUNTIME_IF(view.span() != v.size(), "lather::Shampoo: internal error: a host copy of ", v.size(),
+                              " values into a view of ", view.span());
+      space.fence();
+      std::copy(v.begin(), v.end(), view.data());
+    } else {
+      Kokkos::View<const S*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(v.data(), v.size());
+      Kokkos::deep_copy(space, view, h);
+      space.fence();
+    }
   }
-  // A full row-major symmetric matrix into a factor's inverse-factor storage (packed or full).
+  // An inverse root as inverse_from_eigenpairs stores it (the inverse factor's own layout but for
+  // pairing) into the factor's inverse-factor storage.
   static void host_to_symmetric(const ExecSpace& space, const std::vector<inverse_factor_type>& x, const factor_state_type& f) {
     const auto n = f.dim;
     if (f.paired) {
-      // Host memory (paired_possible): written in place once the space is done with it.
+      // Host memory (paired_possible): written in place once the space is done with it; x is
+      // packed as the paired factor is.
       space.fence();
       const auto st = f.inverse_storage();
+      const impl::kernels::SymmetricStorage<const inverse_factor_type> in{x.data(), n, true};
       for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t j = i; j < n; ++j) st(i, j) = x[static_cast<std::size_t>(i * n + j)];
+        for (std::int64_t j = i; j < n; ++j) st(i, j) = in(i, j);
       return;
     }
-    std::vector<inverse_factor_type> stored(static_cast<std::size_t>(impl::kernels::SymmetricStorage<inverse_factor_type>::size(n, f.packed)));
-    const impl::kernels::SymmetricStorage<inverse_factor_type> st{stored.data(), n, f.packed};
-    for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t j = f.packed ? i : 0; j < n; ++j) st(i, j) = x[static_cast<std::size_t>(i * n + j)];
-    host_to_view(space, stored, f.inverse_factor);
+    host_to_view(space, x, f.inverse_factor);
   }
 
   // A parameter's per-step scalars for filtering, grafting and the update; one source for the
@@ -4244,8 +4317,14 @@ class Shampoo {
     const double scale = inner().scale(c, r);
     value_type* out = x;
     if constexpr (std::is_same_v<inner_type, SpectralDescent<SVDOrthogonalization>>) {
-      // U V^T of M = (U V^T of X)^T, through host LAPACK.
-      std::vector<value_type> m(static_cast<std::size_t>(n)), sv, u, vt, uv(static_cast<std::size_t>(n));
+      // U V^T of M = (U V^T of X)^T, through host LAPACK, in per-thread scratch.
+      auto& m = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 0>();
+      auto& sv = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 1>();
+      auto& u = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 2>();
+      auto& vt = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 3>();
+      auto& uv = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 4>();
+      m.resize(static_cast<std::size_t>(n));
+      uv.resize(static_cast<std::size_t>(n));
       view_range_to_host(space, x, m);
       LATHER_THROW_RUNTIME_IF(impl::dense::svd<value_type>(static_cast<int>(c), static_cast<int>(r), m, sv, u, vt) != 0,
                               "lather::Shampoo::step: the SVD of a ", r, "x", c,
@@ -4322,17 +4401,27 @@ class Shampoo {
   }
 
   // Block data (a raw range of a work buffer) to and from a host vector of the same length.
+  // Host memory is copied on the calling thread (see host_to_view).
   static void view_range_to_host(const ExecSpace& space, const value_type* x, std::vector<value_type>& h) {
-    Kokkos::View<const value_type*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> d(x, h.size());
-    Kokkos::View<value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> hv(h.data(), h.size());
     space.fence();
-    Kokkos::deep_copy(hv, d);
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible) {
+      std::copy(x, x + h.size(), h.begin());
+    } else {
+      Kokkos::View<const value_type*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> d(x, h.size());
+      Kokkos::View<value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> hv(h.data(), h.size());
+      Kokkos::deep_copy(hv, d);
+    }
   }
   static void host_range_to_view(const ExecSpace& space, const std::vector<value_type>& h, value_type* x) {
-    Kokkos::View<value_type*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> d(x, h.size());
-    Kokkos::View<const value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> hv(h.data(), h.size());
-    Kokkos::deep_copy(space, d, hv);
-    space.fence();
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible) {
+      space.fence();
+      std::copy(h.begin(), h.end(), x);
+    } else {
+      Kokkos::View<value_type*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> d(x, h.size());
+      Kokkos::View<const value_type*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> hv(h.data(), h.size());
+      Kokkos::deep_copy(space, d, hv);
+      space.fence();
+    }
   }
 
   // ---- helpers -------------------------------------------------------------------------------

@@ -6,13 +6,16 @@
 /// `EighEigendecompositionConfig` and `QREigendecompositionConfig` (notes section 5.4).
 ///
 /// Both run on the host (LAPACK and the host BLAS): the factor is copied to the host on amortized
-/// steps only, and the basis back (docs/shampoo-family.md, "where it runs").
+/// steps only, and the basis back (docs/shampoo-family.md, "where it runs"). Their intermediate
+/// matrices are per-thread scratch (impl::host_scratch): a refresh allocates nothing once its
+/// thread has refreshed a factor of that size and the caller's q and lambda have held it.
 #ifndef LATHER_PRECONDITIONERS_EIGENDECOMPOSITION_HPP
 #define LATHER_PRECONDITIONERS_EIGENDECOMPOSITION_HPP
 
 #include <lather/concepts/root_inverse.hpp>
 #include <lather/impl/backends/dense_host.hpp>
 #include <lather/impl/backends/lapack.hpp>
+#include <lather/impl/host_scratch.hpp>
 #include <lather/impl/option_check.hpp>
 
 #include <algorithm>
@@ -25,13 +28,18 @@
 namespace lather {
 
 namespace impl::eig {
-/// B = Q^T A Q (all n x n column-major).
+/// Owner tags of the refreshes' scratch vectors (impl::host_scratch).
+struct RayleighScratch {};
+struct EighScratch {};
+struct QrIterationScratch {};
+/// B = Q^T A Q (all n x n column-major), into b (resized).
 template <class C>
-std::vector<C> rayleigh(const std::vector<C>& a, const std::vector<C>& q, std::size_t n) {
-  std::vector<C> aq(n * n), b(n * n);
+void rayleigh(const std::vector<C>& a, const std::vector<C>& q, std::size_t n, std::vector<C>& b) {
+  auto& aq = host_scratch<C, RayleighScratch, 0>();
+  aq.resize(n * n);
+  b.resize(n * n);
   dense::gemm<C>("N", "N", n, n, n, C(1), a.data(), q.data(), C(0), aq.data());
   dense::gemm<C>("T", "N", n, n, n, C(1), q.data(), aq.data(), C(0), b.data());
-  return b;
 }
 /// The adaptive-skip criterion: ||B - diag(B)||_F <= tolerance ||B||_F.
 template <class C>
@@ -75,17 +83,22 @@ struct EighEigendecomposition {
     if (!impl::eig::all_finite(a)) return RootInverseStatus::failed;
     lambda.assign(n, C(0));
     if (tolerance > 0) {
-      const auto b = impl::eig::rayleigh(a, q, n);
+      auto& b = impl::host_scratch<C, impl::eig::EighScratch, 0>();
+      impl::eig::rayleigh(a, q, n, b);
       if (impl::eig::nearly_diagonal(b, n, tolerance)) {
         for (std::size_t i = 0; i < n; ++i) lambda[i] = b[i + i * n];
         return impl::eig::all_finite(lambda) ? RootInverseStatus::success : RootInverseStatus::failed;
       }
     }
-    std::vector<C> work = a;
+    auto& work = impl::host_scratch<C, impl::eig::EighScratch, 1>();
+    work.assign(a.begin(), a.end());
     if (impl::lapack::syevd(static_cast<impl::lapack::lapack_int>(n), work.data(), lambda.data()) != 0) {
       if constexpr (std::is_same_v<C, float>) {
         if (!retry_double_precision) return RootInverseStatus::failed;
-        std::vector<double> w64(a.begin(), a.end()), l64(n);
+        auto& w64 = impl::host_scratch<double, impl::eig::EighScratch, 2>();
+        auto& l64 = impl::host_scratch<double, impl::eig::EighScratch, 3>();
+        w64.assign(a.begin(), a.end());
+        l64.resize(n);
         if (impl::lapack::syevd(static_cast<impl::lapack::lapack_int>(n), w64.data(), l64.data()) != 0)
           return RootInverseStatus::failed;
         work.assign(w64.begin(), w64.end());
@@ -94,7 +107,7 @@ struct EighEigendecomposition {
         return RootInverseStatus::failed;
       }
     }
-    q = std::move(work);
+    q.assign(work.begin(), work.end());
     return impl::eig::all_finite(q) && impl::eig::all_finite(lambda) ? RootInverseStatus::success
                                                                        : RootInverseStatus::failed;
   }
@@ -120,27 +133,42 @@ struct QREigendecomposition {
   template <class C>
   RootInverseStatus refresh(const std::vector<C>& a, std::size_t n, std::vector<C>& q, std::vector<C>& lambda) const {
     if (!impl::eig::all_finite(a)) return RootInverseStatus::failed;
-    auto b = impl::eig::rayleigh(a, q, n);
-    std::vector<C> r, qk, next(n * n);
+    using impl::eig::QrIterationScratch;
+    auto& b = impl::host_scratch<C, QrIterationScratch, 0>();
+    auto& r = impl::host_scratch<C, QrIterationScratch, 1>();
+    auto& qk = impl::host_scratch<C, QrIterationScratch, 2>();
+    auto& next = impl::host_scratch<C, QrIterationScratch, 3>();
+    impl::eig::rayleigh(a, q, n, b);
+    next.resize(n * n);
     for (int it = 0; it < max_iterations && !impl::eig::nearly_diagonal(b, n, tolerance); ++it) {
-      qk = b;
+      qk.assign(b.begin(), b.end());
       if (impl::dense::qr(static_cast<impl::lapack::lapack_int>(n), qk, r) != 0) return RootInverseStatus::failed;
       impl::dense::gemm<C>("N", "N", n, n, n, C(1), r.data(), qk.data(), C(0), b.data());
       impl::dense::gemm<C>("N", "N", n, n, n, C(1), q.data(), qk.data(), C(0), next.data());
-      q.swap(next);
+      // Copied, not swapped: q is the caller's, and its buffer stays its own.
+      std::copy(next.begin(), next.end(), q.begin());
     }
-    std::vector<std::size_t> order(n);
+    auto& order = impl::host_scratch<std::size_t, QrIterationScratch, 4>();
+    order.resize(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t x, std::size_t y) { return b[x + x * n] < b[y + y * n]; });
+    // std::stable_sort takes a temporary buffer from the heap; an insertion sort does not, and
+    // keeps equal diagonals in their order as well (n is at most a block size; diag(B) of a warm
+    // start is nearly sorted, so it runs close to n steps).
+    for (std::size_t i = 1; i < n; ++i) {
+      const std::size_t v = order[i];
+      const C key = b[v + v * n];
+      std::size_t j = i;
+      for (; j > 0 && key < b[order[j - 1] + order[j - 1] * n]; --j) order[j] = order[j - 1];
+      order[j] = v;
+    }
     lambda.assign(n, C(0));
-    std::vector<C> sorted(n * n);
+    auto& sorted = next;  // free after the iterations
     for (std::size_t k = 0; k < n; ++k) {
       lambda[k] = b[order[k] + order[k] * n];
       std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(order[k] * n), n,
                   sorted.begin() + static_cast<std::ptrdiff_t>(k * n));
     }
-    q.swap(sorted);
+    std::copy(sorted.begin(), sorted.end(), q.begin());
     return impl::eig::all_finite(q) && impl::eig::all_finite(lambda) ? RootInverseStatus::success
                                                                        : RootInverseStatus::failed;
   }

@@ -3,11 +3,14 @@
 /// \brief Private. Host dense linear algebra for the eigenbasis and orthogonalization
 /// preconditioners: Householder QR (LAPACK geqrf + orgqr), the SVD (gesvd) and a column-major
 /// product through the host BLAS. Matrices are column-major `std::vector`s; every routine runs in
-/// IEEE non-stop mode (lapack::NonStopFloatingPoint) and allocates its own workspace.
+/// IEEE non-stop mode (lapack::NonStopFloatingPoint). LAPACK's work arrays are per-thread scratch
+/// (impl::host_scratch), and the outputs the caller's vectors, resized: neither allocates once it
+/// has held the size.
 #ifndef LATHER_IMPL_BACKENDS_DENSE_HOST_HPP
 #define LATHER_IMPL_BACKENDS_DENSE_HOST_HPP
 
 #include <lather/impl/backends/lapack.hpp>
+#include <lather/impl/host_scratch.hpp>
 #include <lather/impl/kernels/matrix_functions.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -38,6 +41,10 @@ namespace lather::impl::dense {
 
 using lapack::lapack_int;
 
+/// Owner tags of this file's scratch vectors (impl::host_scratch).
+struct QrScratch {};
+struct SvdScratch {};
+
 /// C (m x n) = alpha op(A) op(B) + beta C, column-major, leading dimensions = row counts of the
 /// stored matrices; the host BLAS through Kokkos Kernels.
 template <class T>
@@ -60,14 +67,16 @@ lapack_int qr(lapack_int n, std::vector<T>& a, std::vector<T>& r) {
   static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>);
   if (n == 0) return 0;
   const lapack::NonStopFloatingPoint guard;
-  std::vector<T> tau(static_cast<std::size_t>(n));
+  auto& tau = host_scratch<T, QrScratch, 0>();
+  auto& work = host_scratch<T, QrScratch, 1>();
+  tau.resize(static_cast<std::size_t>(n));
   lapack_int info = 0, query = -1;
   T size{};
   if constexpr (std::is_same_v<T, double>) dgeqrf_(&n, &n, a.data(), &n, tau.data(), &size, &query, &info);
   else sgeqrf_(&n, &n, a.data(), &n, tau.data(), &size, &query, &info);
   if (info != 0) return info;
   lapack_int lwork = std::max<lapack_int>(static_cast<lapack_int>(size), n);
-  std::vector<T> work(static_cast<std::size_t>(lwork));
+  work.resize(static_cast<std::size_t>(lwork));
   if constexpr (std::is_same_v<T, double>) dgeqrf_(&n, &n, a.data(), &n, tau.data(), work.data(), &lwork, &info);
   else sgeqrf_(&n, &n, a.data(), &n, tau.data(), work.data(), &lwork, &info);
   if (info != 0) return info;
@@ -107,7 +116,8 @@ lapack_int svd(lapack_int m, lapack_int n, std::vector<T>& a, std::vector<T>& s,
   if (info != 0) return info;
   // The documented minimum, in case the float answer of the query rounded down.
   const lapack_int lwork = std::max<lapack_int>(static_cast<lapack_int>(size), std::max(3 * k + std::max(m, n), 5 * k));
-  std::vector<T> work(static_cast<std::size_t>(lwork));
+  auto& work = host_scratch<T, SvdScratch, 0>();
+  work.resize(static_cast<std::size_t>(lwork));
   if constexpr (std::is_same_v<T, double>)
     dgesvd_(&job, &job, &m, &n, a.data(), &m, s.data(), u.data(), &m, vt.data(), &k, work.data(), &lwork, &info, 1, 1);
   else
