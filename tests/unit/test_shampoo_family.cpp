@@ -642,6 +642,93 @@ void impl_test_every_variant() {
   }
 }
 
+// The root steps of every policy computed side by side on a host space's threads (one factor per
+// task, since the thirty-fifth session for the eigenbasis kinds and KL-Shampoo) give the bits of
+// the sequential loop (block concurrency off): same LAPACK and BLAS calls per factor, both
+// single-threaded under the tests' environment. Where a space has one thread, or is a device,
+// neither runs side by side and both must agree all the more.
+template <class T, class ExecSpace, class Pre>
+void roots_side_by_side(const Pre& pre, const char* what) {
+  CAPTURE(what);
+  const lather::ShampooOptions o{.lr = 0.01, .betas = {0.9, 0.999}, .epsilon = 1e-4, .weight_decay = 0.01,
+                                 .max_preconditioner_dim = 4, .precondition_frequency = 2};
+  Problem<T, ExecSpace> a, b;
+  ShampooOf<T, ExecSpace, Pre> together(a.params, o, pre), apart(b.params, o, pre);
+  apart.set_block_concurrency(false);
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  const bool threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size() > 1;
+  int side_by_side_steps = 0;
+  for (int t = 1; t <= 6; ++t) {
+    CAPTURE(t);
+    a.set_grads(t);
+    b.set_grads(t);
+    together.step(ExecSpace(), a.grads);
+    apart.step(ExecSpace(), b.grads);
+    CHECK(a.values() == b.values());
+    const bool roots = together.last_step_info().amortized;
+    CHECK(apart.last_step_info().roots_side_by_side == 0);
+    // (5, 3) at block size 4: blocks (4, 3) and (1, 3), and the (3,) bias: five factors.
+    CHECK(together.last_step_info().roots_side_by_side == (roots && host && threads ? 5 : 0));
+    side_by_side_steps += together.last_step_info().roots_side_by_side > 0 ? 1 : 0;
+  }
+  CHECK(together.state_dict() == apart.state_dict());
+  CHECK(side_by_side_steps == (host && threads ? 3 : 0));
+}
+
+template <class ExecSpace>
+void impl_test_roots_side_by_side() {
+  roots_side_by_side<double, ExecSpace>(lather::EigenRootInverse{}, "root inverse");
+  roots_side_by_side<double, ExecSpace>(lather::EigendecomposedShampoo<>{}, "eigendecomposed, eigh");
+  roots_side_by_side<float, ExecSpace>(lather::EigendecomposedShampoo<>{}, "eigendecomposed, eigh, float");
+  roots_side_by_side<float, ExecSpace>(lather::EigendecomposedShampoo<>{.amortized = {.compute_in_double = true}},
+                                       "eigendecomposed, eigh in double, float");
+  roots_side_by_side<double, ExecSpace>(lather::EigendecomposedShampoo<lather::QREigendecomposition>{},
+                                        "eigendecomposed, QR");
+  roots_side_by_side<double, ExecSpace>(lather::EigenvalueCorrectedShampoo<>{}, "eigenvalue corrected");
+  roots_side_by_side<double, ExecSpace>(lather::EigenvalueCorrectedShampoo<>{.amortized = {.tolerance = 0.3}},
+                                        "eigenvalue corrected, adaptive skip");
+  roots_side_by_side<double, ExecSpace>(lather::SOAP{}, "SOAP");
+  roots_side_by_side<float, ExecSpace>(lather::SOAP{}, "SOAP, float");
+  roots_side_by_side<double, ExecSpace>(lather::KLShampoo<>{}, "KL");
+  roots_side_by_side<double, ExecSpace>(lather::KLShampoo<lather::EigendecomposedShampoo<>>{}, "KL, eigendecomposed");
+}
+
+// A failing factor among the roots side by side raises the sequential loop's error and changes
+// nothing: the (4, 3) block's factors fail (a huge gradient entry), the (1, 3) block's and the
+// bias's, computed on the other thread, are not committed.
+template <class ExecSpace, class Pre>
+void roots_side_by_side_failure(const Pre& pre, const char* what) {
+  CAPTURE(what);
+  Problem<double, ExecSpace> a;
+  ShampooOf<double, ExecSpace, Pre> opt(a.params, {.lr = 0.01, .max_preconditioner_dim = 4, .precondition_frequency = 2},
+                                        pre);
+  for (int t = 1; t <= 3; ++t) {
+    a.set_grads(t);
+    opt.step(ExecSpace(), a.grads);
+  }
+  const auto before = opt.state_dict();
+  const auto params = a.values();
+  a.set_grads(4);
+  auto gv = lather::test::random_values(15, 104);
+  gv[0] = 1e200;
+  lather::test::from_host(a.grads[0], gv);
+  CHECK_THROWS_WITH_AS(opt.step(ExecSpace(), a.grads), Contains("of block 0 of parameter 0 has"), lather::runtime_error);
+  CHECK(opt.state_dict() == before);
+  CHECK(a.values() == params);
+  // And the optimizer goes on as if the failed step had not been taken.
+  a.set_grads(4);
+  opt.step(ExecSpace(), a.grads);
+  CHECK(opt.last_step_info().amortized);
+}
+
+template <class ExecSpace>
+void impl_test_roots_side_by_side_failure() {
+  roots_side_by_side_failure<ExecSpace>(lather::EigendecomposedShampoo<>{}, "eigendecomposed");
+  roots_side_by_side_failure<ExecSpace>(lather::EigenvalueCorrectedShampoo<>{}, "eigenvalue corrected");
+  roots_side_by_side_failure<ExecSpace>(lather::SOAP{}, "SOAP");
+  roots_side_by_side_failure<ExecSpace>(lather::KLShampoo<>{}, "KL");
+}
+
 // A NaN in the eigenvalue-corrected factor (huge gradients) raises and changes nothing.
 template <class ExecSpace>
 void impl_test_ec_failure() {
@@ -716,6 +803,18 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo family: grafting, float precision and resume 
   impl_test_every_variant<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(family_every, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo family: every policy's roots side by side on a host's threads, the sequential bits",
+                          ExecSpace, family_roots_side_by_side) {
+  impl_test_roots_side_by_side<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(family_roots_side_by_side, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo family: a failing factor among the roots side by side raises and changes nothing",
+                          ExecSpace, family_roots_side_by_side_failure) {
+  impl_test_roots_side_by_side_failure<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(family_roots_side_by_side_failure, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo family: a non-finite factor raises and changes nothing", ExecSpace, family_failure) {
   impl_test_ec_failure<ExecSpace>();

@@ -54,6 +54,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <map>
 #include <optional>
 #include <ranges>
@@ -235,7 +236,7 @@ struct ShampooStepInfo {
   int root_computations_not_converged = 0;
   std::int64_t fused_blocks = 0;  ///< blocks that took the fused host path (block tasks)
   std::int64_t wide_blocks = 0;   ///< of those, blocks run by all threads together (products split)
-  std::int64_t roots_side_by_side = 0;  ///< root inverses computed as host tasks
+  std::int64_t roots_side_by_side = 0;  ///< root computations (inverse roots, eigenbases) run as host tasks
   std::int64_t batched_launches = 0;  ///< kernels the batched passes launched (set_batched_passes)
   /// BLAS calls for the batched passes' products: one per shape where the BLAS batches them
   /// (cuBLAS), else one per product; the adding kernel of split products counts as one
@@ -555,10 +556,12 @@ class Shampoo {
   /// (one block per thread, each with a single-threaded OpenBLAS; on by default). It applies to
   /// root-inverse and eigendecomposed Shampoo (not KL) with float/double on the host, where the
   /// BLAS is OpenBLAS (its thread count is set to 1 during those products, process-wide, and
-  /// restored). The results agree either way, bit for bit on one thread and to a few units in
-  /// the last place on several (products the per-parameter kernels split over the threads run
-  /// whole in a block's task); turn it off if other threads of the process run BLAS calls at the
-  /// same time.
+  /// restored); the root steps' factor computations, one factor per thread, also to
+  /// eigenvalue-corrected Shampoo, SOAP and KL-Shampoo (in one process). The results agree either
+  /// way, bit for bit on one thread and to a few units in the last place on several (products the
+  /// per-parameter kernels split over the threads run whole in a block's task; the root
+  /// computations agree bit for bit with a single-threaded BLAS); turn it off if other threads of
+  /// the process run BLAS calls at the same time.
   void set_block_concurrency(bool on) noexcept { m_block_concurrency = on; }
   [[nodiscard]] bool block_concurrency() const noexcept { return m_block_concurrency; }
   /// \brief Whether steps measure where their time goes, into last_step_info().seconds (off by
@@ -2092,6 +2095,7 @@ class Shampoo {
   // an unfolded copy of the largest block with a middle dimension; for the fused host blocks
   // also, from the second thread on, two buffers of the largest block (construction only).
   void allocate_block_threads(std::int64_t max_unfold) {
+    allocate_root_threads();
     if constexpr (block_concurrency_possible) {
       const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size();
       bool any = false, fits = true;
@@ -2115,13 +2119,31 @@ class Shampoo {
         if (!m_fused_eligible) continue;
         m_thread_grad.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_grad", max_block));
         m_thread_x.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_work", max_block));
-        if constexpr (roots_side_by_side_possible) {
-          m_thread_root.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
-          m_thread_root_out.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
-        }
       }
     } else {
       (void)max_unfold;
+    }
+  }
+
+  // Per-thread matrices of the roots side by side (compute_roots_side_by_side), threads > 0:
+  // the bias-corrected factor and, for root-inverse kinds, the full root before it is stored.
+  void allocate_root_threads() {
+    if constexpr (roots_side_by_side_possible) {
+      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size();
+      std::int64_t max_d = 0;
+      for (const auto& p : m_params)
+        for (const auto& blk : p.blocks)
+          for (const auto& f : blk.factors)
+            if (f.preconditioned) max_d = std::max(max_d, f.dim);
+      // One process (no DDP exchange, no sharding): the fused path's condition, whose root steps
+      // these are on host spaces that have it.
+      m_roots_eligible = !exchanges() && !sharded() && m_dist_size == 1;
+      if (threads < 2 || max_d == 0 || !m_roots_eligible) return;
+      for (int t = 0; t < threads; ++t) {
+        m_thread_root.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
+        if constexpr (kind == PreconditionerKind::root_inverse)
+          m_thread_root_out.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
+      }
     }
   }
 
@@ -3098,9 +3120,9 @@ class Shampoo {
   void compute_roots(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g,
                      std::vector<std::vector<std::vector<RootInverseStatus>>>& status) {
     if constexpr (roots_side_by_side_possible) {
-      if (!m_thread_root.empty() && fused_possible(space) &&
-          Kokkos::Experimental::UniqueToken<ExecSpace>(space).size() > 1 &&
-          static_cast<std::size_t>(Kokkos::Experimental::UniqueToken<ExecSpace>(space).size()) <= m_thread_root.size()) {
+      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
+      if (m_block_concurrency && m_roots_eligible && threads > 1 && static_cast<std::size_t>(threads) <= m_thread_root.size() &&
+          impl::blas::SingleThreaded::available()) {
         compute_roots_side_by_side(space, g, status);
         return;
       }
@@ -3202,15 +3224,23 @@ class Shampoo {
   }
 
   // ---- root inverses side by side (host) ---------------------------------------------------
-  // With the fused host path on several threads, an amortized step's root inverses run one
-  // factor per task, largest first, each thread with its own bias-corrected copy and a
-  // single-threaded LAPACK/BLAS (EigenRootInverse::compute_on_host: per-thread work arrays, no
-  // Kokkos call). One after the other, the root step got slower on 2 threads than on 1: syevd
-  // and the product of eigenpairs gain little from OpenBLAS' threads at these sizes. Errors are
-  // reported afterwards in the sequential order, so a failing step raises what the sequential
-  // loop raises (and, as there, commits nothing).
+  // On a multi-threaded host space, in one process, an amortized step's root computations run
+  // one factor per task, largest first, each thread with its own bias-corrected copy and a
+  // single-threaded LAPACK/BLAS, no Kokkos call in the task: root-inverse Shampoo and KL-Shampoo
+  // with EigenRootInverse (compute_on_host: per-thread work arrays) and the eigenbasis kinds,
+  // eigendecomposed, eigenvalue-corrected and SOAP (eigen_refresh_host: impl::host_scratch).
+  // One after the other, the root step got no shorter on 2 threads than on 1 (slower for
+  // classic Shampoo): syevd, QR and the products of eigenpairs gain little from OpenBLAS'
+  // threads at these sizes. Errors are reported afterwards in the sequential order, so a
+  // failing step raises what the sequential loop raises (and, as there, commits nothing).
   static constexpr bool roots_side_by_side_possible =
-      block_concurrency_possible && kind == PreconditionerKind::root_inverse && std::is_same_v<inner_type, EigenRootInverse>;
+#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
+      host_products && std::is_same_v<value_type, inverse_factor_type> &&
+      ((kind == PreconditionerKind::root_inverse && std::is_same_v<inner_type, EigenRootInverse>) ||
+       kind == PreconditionerKind::eigendecomposed || kind == PreconditionerKind::eigenvalue_corrected);
+#else
+      false;
+#endif
   struct RootJob {
     std::uint32_t param = 0, block = 0, factor = 0;
     std::int64_t bad = 0;  // non-finite entries of the bias-corrected factor
@@ -3312,11 +3342,21 @@ class Shampoo {
     job.bad = bad;
     if (bad != 0) return;
     try {
-      const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space> full(
-          t == 0 ? m_root_full.data() : m_thread_root_out[static_cast<std::size_t>(t)].data(), d, d);
-      job.status = inner().compute_on_host(Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), f.root,
-                                           o.epsilon, full);
-      store_root_on_host(full, result_storage(p, job.block, job.factor));
+      if constexpr (kind == PreconditionerKind::root_inverse) {
+        const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space> full(
+            t == 0 ? m_root_full.data() : m_thread_root_out[static_cast<std::size_t>(t)].data(), d, d);
+        job.status = inner().compute_on_host(Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a),
+                                             f.root, o.epsilon, full);
+        store_root_on_host(full, result_storage(p, job.block, job.factor));
+      } else {
+        const auto b = static_cast<std::size_t>(job.block), k = static_cast<std::size_t>(job.factor);
+        const auto& am = inner().amortized;
+        auto &pq = p.pending_q[b][k], &pl = p.pending_lambda[b][k], &px = p.pending_x[b][k];
+        const inverse_factor_type* q = f.eigenvectors.data();
+        job.status = am.compute_in_double
+                         ? eigen_refresh_host<double>(am, a.data(), q, d, f.packed, f.root, o.epsilon, pq, pl, px)
+                         : eigen_refresh_host<factor_type>(am, a.data(), q, d, f.packed, f.root, o.epsilon, pq, pl, px);
+      }
     } catch (...) {
       job.error = std::current_exception();
     }
@@ -3330,7 +3370,14 @@ class Shampoo {
         for (const auto& blk : p.blocks)
           for (const auto& f : blk.factors)
             if (f.preconditioned) d = std::max(d, f.dim);
-      self->inner().template reserve_on_host<factor_type>(static_cast<std::size_t>(d));
+      if constexpr (kind == PreconditionerKind::root_inverse) {
+        self->inner().template reserve_on_host<factor_type>(static_cast<std::size_t>(d));
+      } else {
+        // The refresh's per-thread scratch (impl::host_scratch, LAPACK's arrays) grows to its
+        // largest use by running it once on a d x d matrix that no tolerance finds diagonal.
+        if (self->inner().amortized.compute_in_double) self->template reserve_eigen_refresh<double>(d);
+        else self->template reserve_eigen_refresh<factor_type>(d);
+      }
     }
   };
   // Host functor (never a device one: roots_side_by_side_possible is false in GPU builds).
@@ -3350,10 +3397,24 @@ class Shampoo {
   template <class C>
   RootInverseStatus eigen_refresh(const ExecSpace& space, const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space>& a,
                                   const factor_state_type& f, double epsilon, ParamState& p, std::size_t b, std::size_t k) {
-    const auto n = static_cast<std::size_t>(f.dim);
     space.fence();
     const auto ah = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
     const auto qh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f.eigenvectors);
+    return eigen_refresh_host<C>(inner().amortized, ah.data(), qh.data(), f.dim, f.packed, f.root, epsilon, p.pending_q[b][k],
+                                 p.pending_lambda[b][k], p.pending_x[b][k]);
+  }
+
+  // eigen_refresh on host data, no Kokkos call (the roots side by side run it in their threads):
+  // `amortized` the policy's refresh (inner().amortized but in reserve_eigen_refresh), `a` the
+  // bias-corrected factor (n x n, row-major), `q_stored` the current basis as stored
+  // (row-major, column j the j-th eigenvector); results into pq, plambda and, for eigendecomposed
+  // Shampoo, px (the inverse root as the inverse factor is stored).
+  template <class C, class Amortized>
+  RootInverseStatus eigen_refresh_host(const Amortized& amortized, const factor_type* a, const inverse_factor_type* q_stored,
+                                       std::int64_t dim, bool packed, double root, double epsilon,
+                                       std::vector<inverse_factor_type>& pq, std::vector<inverse_factor_type>& plambda,
+                                       std::vector<inverse_factor_type>& px) const {
+    const auto n = static_cast<std::size_t>(dim);
     bool ridge = true;
     if constexpr (kind == PreconditionerKind::eigendecomposed) ridge = inner().ridge();
     // Per-thread scratch (impl::host_scratch): a root step allocates nothing after the first.
@@ -3364,21 +3425,45 @@ class Shampoo {
     q.resize(n * n);
     for (std::size_t j = 0; j < n; ++j)
       for (std::size_t i = 0; i < n; ++i) {
-        ac[i + j * n] = static_cast<C>(ah(i, j)) + (ridge && i == j ? static_cast<C>(epsilon) : C(0));
-        q[i + j * n] = static_cast<C>(qh(i * n + j));
+        ac[i + j * n] = static_cast<C>(a[i * n + j]) + (ridge && i == j ? static_cast<C>(epsilon) : C(0));
+        q[i + j * n] = static_cast<C>(q_stored[i * n + j]);
       }
-    const RootInverseStatus s = inner().amortized.refresh(ac, n, q, lambda);
+    const RootInverseStatus s = amortized.refresh(ac, n, q, lambda);
     if (!is_usable(s)) return RootInverseStatus::failed;
-    auto& pq = p.pending_q[b][k];
     pq.resize(n * n);
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < n; ++j) pq[i * n + j] = static_cast<inverse_factor_type>(q[i + j * n]);
-    p.pending_lambda[b][k].assign(lambda.begin(), lambda.end());
+    plambda.assign(lambda.begin(), lambda.end());
     if constexpr (kind == PreconditionerKind::eigendecomposed) {
-      if (!inverse_from_eigenpairs(pq, p.pending_lambda[b][k], f.dim, f.packed, f.root, epsilon, p.pending_x[b][k]))
-        return RootInverseStatus::non_finite;
+      if (!inverse_from_eigenpairs(pq, plambda, dim, packed, root, epsilon, px)) return RootInverseStatus::non_finite;
+    } else {
+      (void)packed, (void)root, (void)px;
     }
     return s;
+  }
+
+  // Runs eigen_refresh_host once in the calling thread on a d x d problem that takes every
+  // branch a refresh may take but the float-to-double retry (the policy's tolerance lowered so
+  // that no basis is kept; a dense SPD matrix with a non-diagonal warm start), so that its
+  // scratch and LAPACK's have their largest size before the roots are spread over the threads.
+  template <class C>
+  void reserve_eigen_refresh(std::int64_t d) const {
+    if (d <= 0) return;
+    const auto n = static_cast<std::size_t>(d);
+    std::vector<factor_type> a(n * n);
+    std::vector<inverse_factor_type> q(n * n, inverse_factor_type(0)), pq, plambda, px;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j)
+        a[i * n + j] = static_cast<factor_type>(i == j ? 2.0 * static_cast<double>(n) : 1.0 / (1.0 + static_cast<double>(i + j)));
+    // A rotation of the identity by a Householder reflection (I - 2 v v^T, v = e / sqrt(n)):
+    // orthogonal and dense, so Q^T A Q is far from diagonal.
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j)
+        q[i * n + j] = static_cast<inverse_factor_type>((i == j ? 1.0 : 0.0) - 2.0 / static_cast<double>(n));
+    auto amortized = inner().amortized;
+    if constexpr (requires { amortized.tolerance; })
+      if (amortized.tolerance > 0) amortized.tolerance = std::numeric_limits<double>::min();
+    (void)eigen_refresh_host<C>(amortized, a.data(), q.data(), d, false, 2.0, 1e-12, pq, plambda, px);
   }
 
   // Eigendecomposed Shampoo's inverse root from stored eigenpairs (Q row-major, column j the j-th
@@ -4738,6 +4823,7 @@ class Shampoo {
   // Roots side by side, threads > 0, largest d^2 each: the bias-corrected factor and the full
   // root before it is stored as the factor is (thread 0 takes m_scratch and m_root_full).
   std::vector<std::vector<factor_type>> m_thread_root, m_thread_root_out;
+  bool m_roots_eligible = false;  // one process (allocate_root_threads)
   std::vector<RootJob> m_root_jobs;
   bool m_roots_reserved = false;
   std::vector<std::uint32_t> m_root_order;
