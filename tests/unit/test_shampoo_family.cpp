@@ -693,6 +693,74 @@ void impl_test_roots_side_by_side() {
   roots_side_by_side<double, ExecSpace>(lather::KLShampoo<lather::EigendecomposedShampoo<>>{}, "KL, eigendecomposed");
 }
 
+// Eigenvalue-corrected Shampoo, SOAP and KL-Shampoo run a parameter's blocks as host tasks on
+// several threads (factor updates, KL's with the gradient preconditioned along the other
+// dimensions first; the corrected second moment; the direction; since the thirty-fifth
+// session): the per-parameter path's numbers. Small blocks (the Problem at block size 4, whose products
+// the per-parameter path does not split over the threads) agree bit for bit; blocks of 96 (a
+// (200, 150) parameter and a (150,) one) to a few units in the last place, the rotations run
+// whole in a task and possibly split over the threads otherwise.
+template <class ExecSpace, class Pre>
+void corrected_block_tasks(const Pre& pre, int phases, const char* what) {
+  CAPTURE(what);
+  using M = typename ExecSpace::memory_space;
+  using P = lather::TensorRef<double, M>;
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible;
+  const bool threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size() > 1;
+  const lather::ShampooOptions small{.lr = 0.01, .betas = {0.9, 0.999}, .epsilon = 1e-4, .weight_decay = 0.01,
+                                     .max_preconditioner_dim = 4, .precondition_frequency = 2};
+  {
+    Problem<double, ExecSpace> a, b;
+    ShampooOf<double, ExecSpace, Pre, lather::AdamGrafting> tasks(a.params, small, pre), one(b.params, small, pre);
+    one.set_block_concurrency(false);
+    for (int t = 1; t <= 6; ++t) {
+      CAPTURE(t);
+      a.set_grads(t);
+      b.set_grads(t);
+      tasks.step(ExecSpace(), a.grads);
+      one.step(ExecSpace(), b.grads);
+      CHECK(a.values() == b.values());
+      CHECK(one.last_step_info().block_tasks == 0);
+      // Blocks (4, 3) and (1, 3) of the weight, one of the bias (not a task: a single block), each
+      // phase with its own tasks: factor updates, the correction's update (eigenvalue-corrected)
+      // and the direction (not on step 1, before the first root step: grafted only).
+      CHECK(tasks.last_step_info().block_tasks == (host && threads ? (t == 1 ? phases - 1 : phases) * 2 : 0));
+    }
+    CHECK(tasks.state_dict() == one.state_dict());
+  }
+  lather::ShampooOptions large = small;
+  large.max_preconditioner_dim = 96;
+  Kokkos::View<double**, Kokkos::LayoutRight, M> w1("w1", 200, 150), w2("w2", 200, 150), g("g", 200, 150);
+  Kokkos::View<double*, M> v1("v1", 150), v2("v2", 150), gv("gv", 150);
+  std::vector<P> p1{lather::tensor_ref(w1), lather::tensor_ref(v1)}, p2{lather::tensor_ref(w2), lather::tensor_ref(v2)};
+  std::vector<P> grads{lather::tensor_ref(g), lather::tensor_ref(gv)};
+  for (auto* p : {&p1, &p2}) {
+    lather::test::from_host((*p)[0], lather::test::random_values(30000, 31));
+    lather::test::from_host((*p)[1], lather::test::random_values(150, 32));
+  }
+  ShampooOf<double, ExecSpace, Pre> tasks(p1, large, pre), one(p2, large, pre);
+  one.set_block_concurrency(false);
+  for (int t = 1; t <= 5; ++t) {
+    CAPTURE(t);
+    lather::test::from_host(grads[0], lather::test::random_values(30000, 300 + t));
+    lather::test::from_host(grads[1], lather::test::random_values(150, 400 + t));
+    tasks.step(ExecSpace(), grads);
+    one.step(ExecSpace(), grads);
+    // (200, 150) at 96: blocks (96, 96), (96, 54), (96, 96), (96, 54), (8, 96), (8, 54); (150,): 96, 54.
+    CHECK(tasks.last_step_info().block_tasks == (host && threads ? phases * (6 + 2) : 0));
+    for (std::size_t i = 0; i < p1.size(); ++i)
+      lather::test::all_close(lather::test::to_host(p1[i]), lather::test::to_host(p2[i]), 1e-11, 1e-13, what);
+  }
+}
+
+template <class ExecSpace>
+void impl_test_corrected_block_tasks() {
+  corrected_block_tasks<ExecSpace>(lather::EigenvalueCorrectedShampoo<>{}, 3, "eigenvalue corrected");
+  corrected_block_tasks<ExecSpace>(lather::SOAP{}, 3, "SOAP");
+  corrected_block_tasks<ExecSpace>(lather::KLShampoo<>{}, 2, "KL");
+  corrected_block_tasks<ExecSpace>(lather::KLShampoo<lather::EigendecomposedShampoo<>>{}, 2, "KL, eigendecomposed");
+}
+
 // A failing factor among the roots side by side raises the sequential loop's error and changes
 // nothing: the (4, 3) block's factors fail (a huge gradient entry), the (1, 3) block's and the
 // bias's, computed on the other thread, are not committed.
@@ -809,6 +877,12 @@ TEST_CASE_TEMPLATE_DEFINE("shampoo family: every policy's roots side by side on 
   impl_test_roots_side_by_side<ExecSpace>();
 }
 TEST_CASE_TEMPLATE_APPLY(family_roots_side_by_side, lather_test_exec_spaces);
+
+TEST_CASE_TEMPLATE_DEFINE("shampoo family: eigenvalue-corrected and KL blocks as host tasks, the per-parameter path's numbers",
+                          ExecSpace, family_corrected_block_tasks) {
+  impl_test_corrected_block_tasks<ExecSpace>();
+}
+TEST_CASE_TEMPLATE_APPLY(family_corrected_block_tasks, lather_test_exec_spaces);
 
 TEST_CASE_TEMPLATE_DEFINE("shampoo family: a failing factor among the roots side by side raises and changes nothing",
                           ExecSpace, family_roots_side_by_side_failure) {

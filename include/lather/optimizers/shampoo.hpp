@@ -237,6 +237,10 @@ struct ShampooStepInfo {
   std::int64_t fused_blocks = 0;  ///< blocks that took the fused host path (block tasks)
   std::int64_t wide_blocks = 0;   ///< of those, blocks run by all threads together (products split)
   std::int64_t roots_side_by_side = 0;  ///< root computations (inverse roots, eigenbases) run as host tasks
+  /// blocks the per-parameter path ran as host tasks, once per phase (factor updates, the
+  /// eigenvalue correction's update, directions): DDP/sharded modes and eigenvalue-corrected
+  /// Shampoo/SOAP on several threads
+  std::int64_t block_tasks = 0;
   std::int64_t batched_launches = 0;  ///< kernels the batched passes launched (set_batched_passes)
   /// BLAS calls for the batched passes' products: one per shape where the BLAS batches them
   /// (cuBLAS), else one per product; the adding kernel of split products counts as one
@@ -554,14 +558,14 @@ class Shampoo {
   [[nodiscard]] NonFinitePolicy nonfinite_policy() const noexcept { return m_nonfinite_policy; }
   /// \brief Whether a multi-threaded host execution space runs a parameter's blocks side by side
   /// (one block per thread, each with a single-threaded OpenBLAS; on by default). It applies to
-  /// root-inverse and eigendecomposed Shampoo (not KL) with float/double on the host, where the
-  /// BLAS is OpenBLAS (its thread count is set to 1 during those products, process-wide, and
-  /// restored); the root steps' factor computations, one factor per thread, also to
-  /// eigenvalue-corrected Shampoo, SOAP and KL-Shampoo (in one process). The results agree either
-  /// way, bit for bit on one thread and to a few units in the last place on several (products the
-  /// per-parameter kernels split over the threads run whole in a block's task; the root
-  /// computations agree bit for bit with a single-threaded BLAS); turn it off if other threads of
-  /// the process run BLAS calls at the same time.
+  /// root-inverse and eigendecomposed Shampoo with float/double on the host, where the BLAS is
+  /// OpenBLAS (its thread count is set to 1 during those products, process-wide, and restored);
+  /// to eigenvalue-corrected Shampoo, SOAP and KL-Shampoo as block tasks of the per-parameter
+  /// path (not the fused one), and to every policy's root computations, one factor per thread (in
+  /// one process). The results agree either way, bit for bit on one thread and to a few units in
+  /// the last place on several (products the per-parameter kernels split over the threads run
+  /// whole in a block's task; the root computations agree bit for bit with a single-threaded
+  /// BLAS); turn it off if other threads of the process run BLAS calls at the same time.
   void set_block_concurrency(bool on) noexcept { m_block_concurrency = on; }
   [[nodiscard]] bool block_concurrency() const noexcept { return m_block_concurrency; }
   /// \brief Whether steps measure where their time goes, into last_step_info().seconds (off by
@@ -2089,14 +2093,35 @@ class Shampoo {
 #else
       false;
 #endif
-  enum class BlockTask { factors, direction };
+  // Eigenvalue-corrected Shampoo and SOAP (since the thirty-fifth session) run a parameter's
+  // blocks as such tasks too (factor updates, the corrected second moment's update and the
+  // direction: rotations as single-threaded GEMMs), not the fused path: on 2 threads their
+  // steady steps were 1.06-1.2x shorter than on 1, each product split over the threads.
+  static constexpr bool corrected_tasks_possible =
+#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
+      host_products && !kl && std::is_same_v<value_type, inverse_factor_type> &&
+      kind == PreconditionerKind::eigenvalue_corrected;
+#else
+      false;
+#endif
+  // KL-Shampoo too: its factor updates precondition the gradient along the other dimensions
+  // first (precondition_block_serial), its directions are the root kinds' (block_direction).
+  static constexpr bool kl_tasks_possible =
+#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
+      host_products && kl && std::is_same_v<value_type, inverse_factor_type> &&
+      (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed);
+#else
+      false;
+#endif
+  static constexpr bool block_tasks_possible = block_concurrency_possible || corrected_tasks_possible || kl_tasks_possible;
+  enum class BlockTask { factors, direction, corrected };
 
   // Per-thread work matrices: a Gram / unpacked-inverse matrix of the largest factor dimension and
   // an unfolded copy of the largest block with a middle dimension; for the fused host blocks
   // also, from the second thread on, two buffers of the largest block (construction only).
   void allocate_block_threads(std::int64_t max_unfold) {
     allocate_root_threads();
-    if constexpr (block_concurrency_possible) {
+    if constexpr (block_tasks_possible) {
       const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size();
       bool any = false, fits = true;
       std::int64_t max_d = 0, max_block = 0;
@@ -2111,7 +2136,7 @@ class Shampoo {
         }
       }
       // Fused blocks: one process (no DDP exchange, no sharding), every block within the BLAS' ints.
-      m_fused_eligible = fits && !exchanges() && !sharded() && m_dist_size == 1;
+      m_fused_eligible = block_concurrency_possible && fits && !exchanges() && !sharded() && m_dist_size == 1;
       if (threads < 2 || (!any && !m_fused_eligible) || max_d == 0) return;
       for (int t = 0; t < threads; ++t) {
         m_thread_gram.emplace_back("lather::Shampoo::thread_gram", max_d * max_d);
@@ -2151,7 +2176,7 @@ class Shampoo {
   // caller then runs its sequential path).
   bool run_blocks_concurrently(const ExecSpace& space, ParamState& p, BlockTask task, bool amortize, double beta2,
                                double weight) {
-    if constexpr (block_concurrency_possible) {
+    if constexpr (block_tasks_possible) {
       if (!m_block_concurrency || p.blocks.size() < 2 || m_thread_gram.empty() || space.concurrency() < 2) return false;
       // Worth it when the BLAS' own threads gain little (products of dimension <= 512, measured) or
       // when there are enough blocks to keep every thread busy; a few large blocks of unequal
@@ -2171,6 +2196,7 @@ class Shampoo {
                            BlockRunner{this, &p, Kokkos::Experimental::UniqueToken<ExecSpace>(space), task, amortize,
                                        beta2, weight});
       space.fence();  // the guard restores the BLAS' threads when this returns
+      m_info.block_tasks += static_cast<std::int64_t>(p.blocks.size());
       return true;
     } else {
       (void)space, (void)p, (void)task, (void)amortize, (void)beta2, (void)weight;
@@ -2191,10 +2217,15 @@ class Shampoo {
       auto& blk = p->blocks[static_cast<std::size_t>(b)];
       value_type* gram = self->m_thread_gram[static_cast<std::size_t>(t)].data();
       value_type* unfolded = self->m_thread_unfold[static_cast<std::size_t>(t)].data();
-      if (task == BlockTask::factors)
+      if (task == BlockTask::factors) {
         self->block_factors(*p, static_cast<std::size_t>(b), self->m_grad.data() + blk.begin, amortize, beta2, weight, gram,
                             unfolded);
-      else self->block_direction(blk, self->m_work0.data() + blk.begin, self->m_work1.data() + blk.begin, gram, unfolded);
+      } else if constexpr (kind == PreconditionerKind::eigenvalue_corrected) {
+        if (task == BlockTask::corrected) self->block_corrected_update(*p, blk, beta2, weight);
+        else self->block_corrected_direction(*p, blk);
+      } else {
+        self->block_direction(blk, self->m_work0.data() + blk.begin, self->m_work1.data() + blk.begin, gram, unfolded);
+      }
       token.release(t);
     }
   };
@@ -2203,7 +2234,7 @@ class Shampoo {
   // thread.
   // `row_stride`: for a two-dimensional block, the distance between its rows at x (the
   // parameter's row length where x is the gradient itself; 0: contiguous).
-  void block_factors(ParamState& p, std::size_t b, const value_type* x, bool amortize, double beta2, double weight,
+  void block_factors(ParamState& p, std::size_t b, const value_type* x_in, bool amortize, double beta2, double weight,
                      value_type* gram_data, value_type* unfolded, impl::blas::split::Crew* split = nullptr,
                      std::int64_t row_stride = 0) {
     auto& blk = p.blocks[b];
@@ -2222,6 +2253,12 @@ class Shampoo {
         }
       }
       const auto [outer, d, inner] = unfold(blk.extent, k);
+      const value_type* x = x_in;
+      if constexpr (kl_tasks_possible) {
+        // KL-Shampoo (block tasks only, contiguous x): G~ = G x_(j != k) P_j, ping-pong in the
+        // block's own ranges of the work buffers (update_factors' form).
+        x = precondition_block_serial(blk, x_in, m_work0.data() + blk.begin, m_work1.data() + blk.begin, k, gram_data);
+      }
       // A two-dimensional block's rows are row_stride apart: the leading dimension of both
       // products (the second's taking the first branch only for a single row, contiguous). So
       // are a three-dimensional block's rows of its last two dimensions (fused_block's
@@ -4384,6 +4421,7 @@ class Shampoo {
     using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
     const double beta2 = o.betas[1];
     const double weight = beta2 == 1.0 ? 1.0 : 1.0 - beta2;
+    if (run_blocks_concurrently(space, p, BlockTask::corrected, false, beta2, weight)) return;
     Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::copy_grad"), Range(space, 0, p.local_numel),
                          impl::kernels::CopyBlock<value_type>{m_grad.data(), m_work1.data()});
     for (const auto& blk : p.blocks) {
@@ -4392,6 +4430,91 @@ class Shampoo {
                            impl::kernels::CorrectedUpdate<value_type>{r, p.corrected.data() + blk.begin, value_type(beta2),
                                                                       value_type(weight), beta2 != 1.0});
     }
+  }
+
+  // update_corrected and the direction of eigenvalue-corrected Shampoo for one block, serially in
+  // the calling thread (block tasks): the same element operations, the rotations as whole
+  // single-threaded GEMMs (the per-parameter path may split a product over the threads).
+  void block_corrected_update(ParamState& p, const block_state_type& blk, double beta2, double weight) {
+    const std::int64_t n = numel_of(blk.extent);
+    value_type* x = m_work1.data() + blk.begin;
+    std::copy(m_grad.data() + blk.begin, m_grad.data() + blk.begin + n, x);
+    const value_type* r = rotate_block_serial(blk, x, m_work0.data() + blk.begin, false);
+    const impl::kernels::CorrectedUpdate<value_type> update{r, p.corrected.data() + blk.begin, value_type(beta2),
+                                                             value_type(weight), beta2 != 1.0};
+    for (std::int64_t e = 0; e < n; ++e) update(e);
+  }
+  void block_corrected_direction(const ParamState& p, const block_state_type& blk) {
+    const auto& grp = m_groups[p.group];
+    const auto& o = grp.options;
+    const bool bias = o.use_bias_correction && o.betas[1] < 1.0;
+    const double bc2 = bias ? 1.0 - std::pow(o.betas[1], static_cast<double>(grp.step)) : 1.0;
+    const std::int64_t n = numel_of(blk.extent);
+    value_type* x = m_work0.data() + blk.begin;
+    value_type* y = m_work1.data() + blk.begin;
+    value_type* r = rotate_block_serial(blk, x, y, false);
+    const impl::kernels::CorrectedScale<value_type> scale{r,
+                                                          p.corrected.data() + blk.begin,
+                                                          value_type(bc2),
+                                                          value_type(o.epsilon),
+                                                          value_type(p.corrected_exponent),
+                                                          bias,
+                                                          p.corrected_exponent == 0.5};
+    for (std::int64_t e = 0; e < n; ++e) scale(e);
+    value_type* result = rotate_block_serial(blk, r, r == x ? y : x, true);
+    if (result != x) std::copy(result, result + n, x);
+  }
+  // rotate_block's host GEMMs, serially in the calling thread (rotate_mode_blas' calls, whole).
+  value_type* rotate_block_serial(const block_state_type& blk, value_type* x, value_type* y, bool back) const {
+    value_type* from = x;
+    for (std::size_t j = 0; j < blk.factors.size(); ++j) {
+      const auto& f = blk.factors[j];
+      if (!f.preconditioned) continue;
+      value_type* to = from == x ? y : x;
+      const auto [outer, d, inner] = unfold(blk.extent, j);
+      rotate_mode_serial(from, to, outer, d, inner, f.eigenvectors.data(), back);
+      from = to;
+    }
+    return from;
+  }
+  // rotate_mode_blas without an execution space: each GEMM whole and single-threaded.
+  static void rotate_mode_serial(const value_type* x, value_type* y, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                                 const inverse_factor_type* q, bool back) {
+    impl::blas::split::Crew* none = nullptr;
+    const std::int64_t ld = std::max<std::int64_t>(1, d);
+    if (inner == 1) {
+      impl::blas::split::gemm<value_type>(none, back ? 'T' : 'N', 'N', d, outer, d, value_type(1), q, ld, x, ld, value_type(0),
+                                          y, ld);
+      return;
+    }
+    for (std::int64_t a = 0; a < outer; ++a)
+      impl::blas::split::gemm<value_type>(none, 'N', back ? 'N' : 'T', inner, d, d, value_type(1), x + a * d * inner, inner, q,
+                                          ld, value_type(0), y + a * d * inner, inner);
+  }
+  // precondition_block for KL-Shampoo's block tasks, serially in the calling thread: a packed
+  // inverse root unpacked into `full` (d x d, the thread's Gram matrix, free until the factor's
+  // own Gram product), the products as rotate_mode_serial's GEMMs. Returns where the result is
+  // (x itself, a or b).
+  const value_type* precondition_block_serial(const block_state_type& blk, const value_type* x, value_type* a, value_type* b,
+                                              std::size_t skip, value_type* full) const {
+    const value_type* from = x;
+    for (std::size_t j = 0; j < blk.factors.size(); ++j) {
+      const auto& f = blk.factors[j];
+      if (!f.preconditioned || j == skip) continue;
+      value_type* to = from == a ? b : a;
+      const auto [outer, d, inner] = unfold(blk.extent, j);
+      const auto st = f.inverse_storage();
+      const inverse_factor_type* q = st.data;
+      if (st.packed) {
+        const impl::kernels::Unpack<inverse_factor_type, blas_matrix_type> unpack{st.as_const(), blas_matrix(full, d, d)};
+        for (std::int64_t r = 0; r < d; ++r)
+          for (std::int64_t c = 0; c < d; ++c) unpack(r, c);
+        q = full;
+      }
+      rotate_mode_serial(from, to, outer, d, inner, q, false);
+      from = to;
+    }
+    return from;
   }
 
   // Spectral descent of one 2-D block x (rows r x cols c, row-major = the column-major c x r
