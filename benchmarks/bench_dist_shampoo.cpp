@@ -88,6 +88,8 @@ void run(benchmark::State& state, const std::vector<std::vector<std::int64_t>>& 
   state.counters["ranks"] = ranks;
   state.counters["rank_state_MB"] = largest / 1e6;
   state.counters["total_state_MB"] = total / 1e6;
+  // Root computations this rank ran as host tasks on its last step (several threads per rank).
+  state.counters["roots_side_by_side"] = static_cast<double>(opt.last_step_info().roots_side_by_side);
 }
 
 class NullReporter : public benchmark::BenchmarkReporter {

@@ -17,4 +17,6 @@ for np in 1 2 4; do
   OMP_NUM_THREADS=1 mpiexec -n "$np" --oversubscribe "$bench" "$@"
 done
 echo "== 1 rank, 2 threads"
-OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 mpiexec -n 1 "$bench" "$@"
+# --bind-to none: with 1 or 2 ranks OpenMPI binds each to one core, where its 2 threads would
+# take turns (the table's 2-thread column before 2026-12-07 was measured so).
+OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 mpiexec --bind-to none -n 1 "$bench" "$@"

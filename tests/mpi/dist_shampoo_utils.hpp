@@ -71,6 +71,20 @@ inline ShampooOptions dist_options() {
   return o;
 }
 
+/// Sum of a count over all ranks.
+inline std::int64_t sum_ranks(std::int64_t v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return v;
+}
+
+/// Whether a host space runs root computations side by side (several threads; the tests'
+/// OpenBLAS has thread control): then one process and every rank of a distributed run do.
+template <class ExecSpace>
+bool roots_side_by_side_here() {
+  return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible &&
+         Kokkos::Experimental::UniqueToken<ExecSpace>(ExecSpace()).size() > 1;
+}
+
 /// Bitwise equality of two parameter lists (the raw bytes of every element).
 template <class T, class M>
 bool bitwise_equal(const std::vector<TensorRef<T, M>>& a, const std::vector<TensorRef<T, M>>& b) {

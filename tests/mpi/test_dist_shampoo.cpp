@@ -34,11 +34,14 @@ void check_ddp_bitwise(const lather::ShampooOptions& o, const lather::ShampooDis
   Model<float, M> a(lather::test::model_shapes()), b(lather::test::model_shapes());
   Serial serial(std::span<P>(a.params), o, pre, graft);
   Dist dist(std::span<P>(b.params), o, Mpi(MPI_COMM_WORLD), d, pre, graft);
+  std::int64_t serial_roots = 0, dist_roots = 0;  // root computations run side by side
   for (int t = 0; t < steps; ++t) {
     a.set_grads(t);
     b.set_grads(t);
     serial.step(ExecSpace(), a.grads);
     dist.step(ExecSpace(), b.grads);
+    serial_roots += serial.last_step_info().roots_side_by_side;
+    dist_roots += dist.last_step_info().roots_side_by_side;
     const bool same = bitwise_equal(a.params, b.params);
     INFO("step " << t + 1);
     CHECK(same);
@@ -46,6 +49,11 @@ void check_ddp_bitwise(const lather::ShampooOptions& o, const lather::ShampooDis
   }
   // Each block lives on one rank of its group: the groups' state adds up to one process's.
   const int group = d.num_trainers_per_group == -1 ? lather::test::world_size() : d.num_trainers_per_group;
+  // So do the root computations: on several threads each rank runs its own side by side too
+  // (since the thirty-sixth session; before, one after the other outside one process).
+  CHECK(lather::test::sum_ranks(dist_roots) == serial_roots * (lather::test::world_size() / group));
+  if constexpr (std::is_same_v<Preconditioner, lather::EigenRootInverse>)
+    CHECK((serial_roots > 0) == lather::test::roots_side_by_side_here<ExecSpace>());
   double bytes = static_cast<double>(dist.state_bytes());
   MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   CHECK(bytes == doctest::Approx(static_cast<double>(serial.state_bytes()) * (lather::test::world_size() / group)));
@@ -393,11 +401,14 @@ TEST_CASE_TEMPLATE_DEFINE("sharded Shampoo equals one process when shards align 
         std::span<P>(params), o, std::move(replicas), d);
     for (std::size_t i = 0; i < shapes.size(); ++i) CHECK(dist.num_pieces(i) >= 1);
     bool ok = true;
+    std::int64_t serial_roots = 0, dist_roots = 0;  // root computations run side by side
     for (int t = 0; t < 5; ++t) {
       whole.set_grads(t);
       for (std::size_t i = 0; i < shapes.size(); ++i) lather::test::from_host(grads[i], slice(lather::test::to_host(whole.grads[i]), i));
       serial.step(ExecSpace(), whole.grads);
       dist.step(ExecSpace(), grads);
+      serial_roots += serial.last_step_info().roots_side_by_side;
+      dist_roots += dist.last_step_info().roots_side_by_side;
       if (!compare_serial) continue;
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         const auto want = slice(lather::test::to_host(whole.params[i]), i), got = lather::test::to_host(params[i]);
@@ -408,6 +419,10 @@ TEST_CASE_TEMPLATE_DEFINE("sharded Shampoo equals one process when shards align 
       }
     }
     CHECK(all_ranks(ok));
+    // Every block's roots computed once over all ranks (sharded: by its shard's owner; HSDP: by
+    // one replica of its shard), side by side on several threads.
+    CHECK(lather::test::sum_ranks(dist_roots) == serial_roots);
+    CHECK((serial_roots > 0) == lather::test::roots_side_by_side_here<ExecSpace>());
     return dist.state_bytes();
   };
   // FSDP over all n ranks: rank r holds rows [4r, 4r + 4) etc., whole blocks.

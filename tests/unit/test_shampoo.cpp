@@ -418,11 +418,13 @@ void impl_test_vector_blocks(bool packed, bool fused) {
 // forms of the vectorized loops: momentum with and without Nesterov, L2 / decoupled decay,
 // beta1 = 0, a separate beta3, no bias correction, graft-only steps before
 // start_preconditioning_step, iterate averaging, full (unpacked) factors; Adam, SGD and no
-// grafting; float and double.
+// grafting; float and double. Eigenvalue-corrected Shampoo and SOAP (fused since the
+// thirty-sixth session: the correction's update and the rotations in the block's task) on every
+// form with Adam grafting, without grafting on [3].
 // Phase timing (set_phase_timing): the fused path times its blocks' phases, the per-parameter
 // kernels only the step's own (block phases 0), and timing changes no bit (the fused run again
 // without it).
-template <class T, class ExecSpace, class Grafting>
+template <class T, class ExecSpace, class Grafting, class Pre = lather::EigenRootInverse>
 void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) {
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<T, M>;
@@ -454,7 +456,7 @@ void impl_test_fused_blocks(const lather::ShampooOptions& options, int variant) 
     for (std::size_t i = 0; i < params.size(); ++i)
       lather::test::from_host(params[i], lather::test::random_values(static_cast<std::size_t>(params[i].size()), 60 + i));
     lather::ShampooOptions o = options;
-    lather::Shampoo<P, ExecSpace, lather::EigenRootInverse, Grafting, lather::ShampooPrecision<T>> opt(params, o, {}, {});
+    lather::Shampoo<P, ExecSpace, Pre, Grafting, lather::ShampooPrecision<T>> opt(params, o, {}, {});
     CHECK(opt.block_concurrency());
     opt.set_block_concurrency(fused);
     CHECK(!opt.phase_timing());
@@ -566,6 +568,12 @@ void impl_test_block_concurrency() {
     impl_test_fused_blocks<T, ExecSpace, lather::AdamGrafting>(forms[static_cast<std::size_t>(v)], v);
   impl_test_fused_blocks<T, ExecSpace, lather::SGDGrafting>(forms[2], 2);
   impl_test_fused_blocks<T, ExecSpace, lather::NoGrafting>(forms[3], 3);
+  for (int v = 0; v < static_cast<int>(forms.size()); ++v)
+    impl_test_fused_blocks<T, ExecSpace, lather::AdamGrafting, lather::EigenvalueCorrectedShampoo<>>(
+        forms[static_cast<std::size_t>(v)], v);
+  impl_test_fused_blocks<T, ExecSpace, lather::NoGrafting, lather::EigenvalueCorrectedShampoo<>>(forms[3], 3);
+  for (int v : {0, 1, 3})
+    impl_test_fused_blocks<T, ExecSpace, lather::AdamGrafting, lather::SOAP>(forms[static_cast<std::size_t>(v)], v);
 }
 
 // The fused host path's balancing (balance_fused): three equal blocks of (300, 260) on 2

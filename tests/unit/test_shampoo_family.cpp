@@ -693,15 +693,16 @@ void impl_test_roots_side_by_side() {
   roots_side_by_side<double, ExecSpace>(lather::KLShampoo<lather::EigendecomposedShampoo<>>{}, "KL, eigendecomposed");
 }
 
-// Eigenvalue-corrected Shampoo, SOAP and KL-Shampoo run a parameter's blocks as host tasks on
-// several threads (factor updates, KL's with the gradient preconditioned along the other
-// dimensions first; the corrected second moment; the direction; since the thirty-fifth
-// session): the per-parameter path's numbers. Small blocks (the Problem at block size 4, whose products
+// Eigenvalue-corrected Shampoo and SOAP run a block's whole step as a fused host task (since the
+// thirty-sixth session; on any number of threads), KL-Shampoo a parameter's blocks as host tasks
+// per phase on several threads (factor updates with the gradient preconditioned along the other
+// dimensions first, then the directions; since the thirty-fifth session): the per-parameter
+// path's numbers (block concurrency off). Small blocks (the Problem at block size 4, whose products
 // the per-parameter path does not split over the threads) agree bit for bit; blocks of 96 (a
 // (200, 150) parameter and a (150,) one) to a few units in the last place, the rotations run
 // whole in a task and possibly split over the threads otherwise.
 template <class ExecSpace, class Pre>
-void corrected_block_tasks(const Pre& pre, int phases, const char* what) {
+void corrected_block_tasks(const Pre& pre, int phases, bool fused, const char* what) {
   CAPTURE(what);
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<double, M>;
@@ -721,6 +722,14 @@ void corrected_block_tasks(const Pre& pre, int phases, const char* what) {
       one.step(ExecSpace(), b.grads);
       CHECK(a.values() == b.values());
       CHECK(one.last_step_info().block_tasks == 0);
+      CHECK(one.last_step_info().fused_blocks == 0);
+      if (fused) {
+        // Blocks (4, 3) and (1, 3) of the weight and the bias's, each a fused task on any number
+        // of threads (twice on root steps: factors, then the rest).
+        CHECK(tasks.last_step_info().block_tasks == 0);
+        CHECK(tasks.last_step_info().fused_blocks == (host ? (tasks.last_step_info().amortized ? 6 : 3) : 0));
+        continue;
+      }
       // Blocks (4, 3) and (1, 3) of the weight, one of the bias (not a task: a single block), each
       // phase with its own tasks: factor updates, the correction's update (eigenvalue-corrected)
       // and the direction (not on step 1, before the first root step: grafted only).
@@ -747,7 +756,10 @@ void corrected_block_tasks(const Pre& pre, int phases, const char* what) {
     tasks.step(ExecSpace(), grads);
     one.step(ExecSpace(), grads);
     // (200, 150) at 96: blocks (96, 96), (96, 54), (96, 96), (96, 54), (8, 96), (8, 54); (150,): 96, 54.
-    CHECK(tasks.last_step_info().block_tasks == (host && threads ? phases * (6 + 2) : 0));
+    if (fused)
+      CHECK(tasks.last_step_info().fused_blocks == (host ? (tasks.last_step_info().amortized ? 2 : 1) * (6 + 2) : 0));
+    else
+      CHECK(tasks.last_step_info().block_tasks == (host && threads ? phases * (6 + 2) : 0));
     for (std::size_t i = 0; i < p1.size(); ++i)
       lather::test::all_close(lather::test::to_host(p1[i]), lather::test::to_host(p2[i]), 1e-11, 1e-13, what);
   }
@@ -755,10 +767,10 @@ void corrected_block_tasks(const Pre& pre, int phases, const char* what) {
 
 template <class ExecSpace>
 void impl_test_corrected_block_tasks() {
-  corrected_block_tasks<ExecSpace>(lather::EigenvalueCorrectedShampoo<>{}, 3, "eigenvalue corrected");
-  corrected_block_tasks<ExecSpace>(lather::SOAP{}, 3, "SOAP");
-  corrected_block_tasks<ExecSpace>(lather::KLShampoo<>{}, 2, "KL");
-  corrected_block_tasks<ExecSpace>(lather::KLShampoo<lather::EigendecomposedShampoo<>>{}, 2, "KL, eigendecomposed");
+  corrected_block_tasks<ExecSpace>(lather::EigenvalueCorrectedShampoo<>{}, 3, true, "eigenvalue corrected");
+  corrected_block_tasks<ExecSpace>(lather::SOAP{}, 3, true, "SOAP");
+  corrected_block_tasks<ExecSpace>(lather::KLShampoo<>{}, 2, false, "KL");
+  corrected_block_tasks<ExecSpace>(lather::KLShampoo<lather::EigendecomposedShampoo<>>{}, 2, false, "KL, eigendecomposed");
 }
 
 // A failing factor among the roots side by side raises the sequential loop's error and changes

@@ -560,12 +560,14 @@ class Shampoo {
   /// (one block per thread, each with a single-threaded OpenBLAS; on by default). It applies to
   /// root-inverse and eigendecomposed Shampoo with float/double on the host, where the BLAS is
   /// OpenBLAS (its thread count is set to 1 during those products, process-wide, and restored);
-  /// to eigenvalue-corrected Shampoo, SOAP and KL-Shampoo as block tasks of the per-parameter
-  /// path (not the fused one), and to every policy's root computations, one factor per thread (in
-  /// one process). The results agree either way, bit for bit on one thread and to a few units in
-  /// the last place on several (products the per-parameter kernels split over the threads run
-  /// whole in a block's task; the root computations agree bit for bit with a single-threaded
-  /// BLAS); turn it off if other threads of the process run BLAS calls at the same time.
+  /// to eigenvalue-corrected Shampoo and SOAP likewise (their whole block step in the task), to
+  /// KL-Shampoo as block tasks of the per-parameter path, to these policies' blocks as such tasks
+  /// in DDP/sharded modes, and to every policy's root computations, one factor per thread (on
+  /// every rank of a distributed run). The results agree either way, bit for bit on one thread
+  /// and to a few units in the last place on several (products the per-parameter kernels split
+  /// over the threads run whole in a block's task; the root computations agree bit for bit with
+  /// a single-threaded BLAS); turn it off if other threads of the process run BLAS calls at the
+  /// same time.
   void set_block_concurrency(bool on) noexcept { m_block_concurrency = on; }
   [[nodiscard]] bool block_concurrency() const noexcept { return m_block_concurrency; }
   /// \brief Whether steps measure where their time goes, into last_step_info().seconds (off by
@@ -766,7 +768,7 @@ class Shampoo {
       for (const auto& [d, v] : *m) n += bytes(v);
     for (const auto& [d, v] : m_scratch) n += bytes(v);
     n += bytes(m_root_full);
-    for (const auto* t : {&m_thread_gram, &m_thread_unfold, &m_thread_grad, &m_thread_x})
+    for (const auto* t : {&m_thread_gram, &m_thread_unfold, &m_thread_grad, &m_thread_x, &m_thread_y})
       for (const auto& v : *t) n += bytes(v);
     for (const auto* t : {&m_thread_root, &m_thread_root_out})
       for (const auto& v : *t) n += v.capacity() * sizeof(factor_type);
@@ -2084,23 +2086,18 @@ class Shampoo {
   // of one block after the other with the BLAS' own threads, which gain little on products of the
   // usual block sizes (256: 1.05x on 2 threads, docs/performance.md). Same operations and BLAS
   // calls per block as the sequential path; only the element loops around them run serially
-  // inside the block's thread. Root-inverse and eigendecomposed Shampoo (not KL), float/double.
+  // inside the block's thread. Root-inverse, eigendecomposed and (since the thirty-sixth session,
+  // the fused path included) eigenvalue-corrected Shampoo and SOAP, not KL; float/double. The
+  // eigenvalue-corrected kinds' blocks run the corrected second moment's update and the
+  // direction's rotations in the task too (rotations as single-threaded GEMMs); as per-phase
+  // block tasks alone (thirty-fifth session) their steady steps on 2 threads were 1.06-1.2x
+  // shorter than on 1 before and about 1.85x after (docs/shampoo-family.md).
   static constexpr bool block_concurrency_possible =
 #ifdef LATHER_HAS_BLAS_THREAD_CONTROL
       host_products && !kl &&
       std::is_same_v<value_type, inverse_factor_type> &&
-      (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed);
-#else
-      false;
-#endif
-  // Eigenvalue-corrected Shampoo and SOAP (since the thirty-fifth session) run a parameter's
-  // blocks as such tasks too (factor updates, the corrected second moment's update and the
-  // direction: rotations as single-threaded GEMMs), not the fused path: on 2 threads their
-  // steady steps were 1.06-1.2x shorter than on 1, each product split over the threads.
-  static constexpr bool corrected_tasks_possible =
-#ifdef LATHER_HAS_BLAS_THREAD_CONTROL
-      host_products && !kl && std::is_same_v<value_type, inverse_factor_type> &&
-      kind == PreconditionerKind::eigenvalue_corrected;
+      (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed ||
+       kind == PreconditionerKind::eigenvalue_corrected);
 #else
       false;
 #endif
@@ -2113,7 +2110,7 @@ class Shampoo {
 #else
       false;
 #endif
-  static constexpr bool block_tasks_possible = block_concurrency_possible || corrected_tasks_possible || kl_tasks_possible;
+  static constexpr bool block_tasks_possible = block_concurrency_possible || kl_tasks_possible;
   enum class BlockTask { factors, direction, corrected };
 
   // Per-thread work matrices: a Gram / unpacked-inverse matrix of the largest factor dimension and
@@ -2144,6 +2141,8 @@ class Shampoo {
         if (!m_fused_eligible) continue;
         m_thread_grad.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_grad", max_block));
         m_thread_x.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_work", max_block));
+        if constexpr (kind == PreconditionerKind::eigenvalue_corrected)  // the rotations' second buffer
+          m_thread_y.emplace_back(t == 0 ? vector_type() : buffer("lather::Shampoo::thread_block_rotated", max_block));
       }
     } else {
       (void)max_unfold;
@@ -2160,10 +2159,9 @@ class Shampoo {
         for (const auto& blk : p.blocks)
           for (const auto& f : blk.factors)
             if (f.preconditioned) max_d = std::max(max_d, f.dim);
-      // One process (no DDP exchange, no sharding): the fused path's condition, whose root steps
-      // these are on host spaces that have it.
-      m_roots_eligible = !exchanges() && !sharded() && m_dist_size == 1;
-      if (threads < 2 || max_d == 0 || !m_roots_eligible) return;
+      // Every distribution mode: a rank's root jobs are its own blocks' factors (the sequential
+      // loop's), and no job communicates; the DDP/HSDP agreement on failures follows both forms.
+      if (threads < 2 || max_d == 0) return;
       for (int t = 0; t < threads; ++t) {
         m_thread_root.emplace_back(t == 0 ? 0 : static_cast<std::size_t>(max_d * max_d));
         if constexpr (kind == PreconditionerKind::root_inverse)
@@ -2221,8 +2219,14 @@ class Shampoo {
         self->block_factors(*p, static_cast<std::size_t>(b), self->m_grad.data() + blk.begin, amortize, beta2, weight, gram,
                             unfolded);
       } else if constexpr (kind == PreconditionerKind::eigenvalue_corrected) {
-        if (task == BlockTask::corrected) self->block_corrected_update(*p, blk, beta2, weight);
-        else self->block_corrected_direction(*p, blk);
+        value_type* x = task == BlockTask::corrected ? self->m_work1.data() + blk.begin : self->m_work0.data() + blk.begin;
+        value_type* y = task == BlockTask::corrected ? self->m_work0.data() + blk.begin : self->m_work1.data() + blk.begin;
+        if (task == BlockTask::corrected) {
+          std::copy_n(self->m_grad.data() + blk.begin, numel_of(blk.extent), x);
+          self->block_corrected_update(*p, blk, x, y, beta2, weight);
+        } else {
+          self->block_corrected_direction(*p, blk, x, y);
+        }
       } else {
         self->block_direction(blk, self->m_work0.data() + blk.begin, self->m_work1.data() + blk.begin, gram, unfolded);
       }
@@ -2404,6 +2408,7 @@ class Shampoo {
   };
   struct FusedBuffers {
     value_type *grad = nullptr, *x = nullptr, *gram = nullptr, *unfolded = nullptr;
+    value_type* y = nullptr;  // a third block buffer (eigenvalue-corrected kinds)
   };
 
   // Whether this step can take the fused path on `space`.
@@ -2435,8 +2440,11 @@ class Shampoo {
         // element passes.
         const auto n = static_cast<double>(numel_of(blk.extent));
         double c = 16.0 * n;
+        // (Eigenvalue-corrected: three rotations, general products, instead of one preconditioning
+        // product.)
+        const double per_factor = kind == PreconditionerKind::eigenvalue_corrected ? 7.0 : 3.0;
         for (const auto& f : blk.factors)
-          if (f.preconditioned) c += 3.0 * static_cast<double>(f.dim) * n;
+          if (f.preconditioned) c += per_factor * static_cast<double>(f.dim) * n;
         work[i] += c;
         largest[i] = std::max(largest[i], c);
         for (const auto e : blk.extent) candidate[i] = candidate[i] || e > 256;
@@ -2670,10 +2678,11 @@ class Shampoo {
       std::int64_t d = 0;
       for (const auto& f : blk.factors)
         if (f.preconditioned) d = std::max(d, f.dim);
-      return {m_grad.data(), m_work0.data(), d > 0 ? gram_scratch(d).data() : nullptr, m_unfold.data()};
+      return {m_grad.data(), m_work0.data(), d > 0 ? gram_scratch(d).data() : nullptr, m_unfold.data(), m_work1.data()};
     }
     const auto u = static_cast<std::size_t>(t);
-    return {m_thread_grad[u].data(), m_thread_x[u].data(), m_thread_gram[u].data(), m_thread_unfold[u].data()};
+    return {m_thread_grad[u].data(), m_thread_x[u].data(), m_thread_gram[u].data(), m_thread_unfold[u].data(),
+            u < m_thread_y.size() ? m_thread_y[u].data() : nullptr};
   }
 
   // f(flat, local, length) for every run of the block: `flat` the parameter's row-major index of
@@ -2974,6 +2983,16 @@ class Shampoo {
         norm_in_filter ? graft_partial : nullptr);
     if (!by_rows) run_filter(filter, n);
     clock.lap(&Phases::filter);
+    if constexpr (kind == PreconditionerKind::eigenvalue_corrected) {
+      // The correction's update (update_corrected: every step, graft-only ones too) from the raw
+      // gradient, copied (read in place, it must stay as it is) and rotated between the gradient
+      // buffer, free after the filter, and the third one.
+      if (block_grad != buf.grad)
+        for (std::int64_t r = 0; r < rows; ++r) std::copy_n(block_grad + r * grad_stride, row_len, buf.grad + r * row_len);
+      const double beta2 = o.betas[1];
+      block_corrected_update(p, blk, buf.grad, buf.y, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2, split);
+      clock.lap(&Phases::direction);
+    }
     value_type ratio = value_type(1);  // the grafting scale of the direction x
     if (!sc.graft_now) {
       double graft_sq = 0, direction_sq = 0;
@@ -2983,7 +3002,10 @@ class Shampoo {
                        : impl::kernels::host_block_sq_norm(buf.x, graft_state.data(), n, sc.graft, Grafting::has_state);
         clock.lap(&Phases::norms);
       }
-      block_direction(blk, buf.x, buf.grad, buf.gram, buf.unfolded, split);  // the gradient copy is free now
+      if constexpr (kind == PreconditionerKind::eigenvalue_corrected)
+        block_corrected_direction(p, blk, buf.x, buf.grad, split);
+      else
+        block_direction(blk, buf.x, buf.grad, buf.gram, buf.unfolded, split);  // the gradient copy is free now
       clock.lap(&Phases::direction);
       if constexpr (Grafting::enabled) {
         direction_sq = impl::kernels::host_block_sq_norm<value_type>(buf.x, nullptr, n, sc.graft, false);
@@ -3158,7 +3180,7 @@ class Shampoo {
                      std::vector<std::vector<std::vector<RootInverseStatus>>>& status) {
     if constexpr (roots_side_by_side_possible) {
       const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
-      if (m_block_concurrency && m_roots_eligible && threads > 1 && static_cast<std::size_t>(threads) <= m_thread_root.size() &&
+      if (m_block_concurrency && threads > 1 && static_cast<std::size_t>(threads) <= m_thread_root.size() &&
           impl::blas::SingleThreaded::available()) {
         compute_roots_side_by_side(space, g, status);
         return;
@@ -3261,9 +3283,10 @@ class Shampoo {
   }
 
   // ---- root inverses side by side (host) ---------------------------------------------------
-  // On a multi-threaded host space, in one process, an amortized step's root computations run
-  // one factor per task, largest first, each thread with its own bias-corrected copy and a
-  // single-threaded LAPACK/BLAS, no Kokkos call in the task: root-inverse Shampoo and KL-Shampoo
+  // On a multi-threaded host space (on every rank, in every distribution mode) an amortized
+  // step's root computations run one factor per task, largest first, each thread with its own
+  // bias-corrected copy and a single-threaded LAPACK/BLAS, no Kokkos call and no communication
+  // in the task: root-inverse Shampoo and KL-Shampoo
   // with EigenRootInverse (compute_on_host: per-thread work arrays) and the eigenbasis kinds,
   // eigendecomposed, eigenvalue-corrected and SOAP (eigen_refresh_host: impl::host_scratch).
   // One after the other, the root step got no shorter on 2 threads than on 1 (slower for
@@ -4435,24 +4458,25 @@ class Shampoo {
   // update_corrected and the direction of eigenvalue-corrected Shampoo for one block, serially in
   // the calling thread (block tasks): the same element operations, the rotations as whole
   // single-threaded GEMMs (the per-parameter path may split a product over the threads).
-  void block_corrected_update(ParamState& p, const block_state_type& blk, double beta2, double weight) {
+  // x: the block's gradient (overwritten), y: a second block buffer. `split` (a wide fused
+  // block): the rotations split over the threads as the per-parameter path splits them.
+  void block_corrected_update(ParamState& p, const block_state_type& blk, value_type* x, value_type* y, double beta2,
+                              double weight, impl::blas::split::Crew* split = nullptr) {
     const std::int64_t n = numel_of(blk.extent);
-    value_type* x = m_work1.data() + blk.begin;
-    std::copy(m_grad.data() + blk.begin, m_grad.data() + blk.begin + n, x);
-    const value_type* r = rotate_block_serial(blk, x, m_work0.data() + blk.begin, false);
+    const value_type* r = rotate_block_serial(blk, x, y, false, split);
     const impl::kernels::CorrectedUpdate<value_type> update{r, p.corrected.data() + blk.begin, value_type(beta2),
                                                              value_type(weight), beta2 != 1.0};
     for (std::int64_t e = 0; e < n; ++e) update(e);
   }
-  void block_corrected_direction(const ParamState& p, const block_state_type& blk) {
+  // x: the filtered (grafted) block in, its direction out; y: a second block buffer.
+  void block_corrected_direction(const ParamState& p, const block_state_type& blk, value_type* x, value_type* y,
+                                 impl::blas::split::Crew* split = nullptr) const {
     const auto& grp = m_groups[p.group];
     const auto& o = grp.options;
     const bool bias = o.use_bias_correction && o.betas[1] < 1.0;
     const double bc2 = bias ? 1.0 - std::pow(o.betas[1], static_cast<double>(grp.step)) : 1.0;
     const std::int64_t n = numel_of(blk.extent);
-    value_type* x = m_work0.data() + blk.begin;
-    value_type* y = m_work1.data() + blk.begin;
-    value_type* r = rotate_block_serial(blk, x, y, false);
+    value_type* r = rotate_block_serial(blk, x, y, false, split);
     const impl::kernels::CorrectedScale<value_type> scale{r,
                                                           p.corrected.data() + blk.begin,
                                                           value_type(bc2),
@@ -4461,34 +4485,35 @@ class Shampoo {
                                                           bias,
                                                           p.corrected_exponent == 0.5};
     for (std::int64_t e = 0; e < n; ++e) scale(e);
-    value_type* result = rotate_block_serial(blk, r, r == x ? y : x, true);
+    value_type* result = rotate_block_serial(blk, r, r == x ? y : x, true, split);
     if (result != x) std::copy(result, result + n, x);
   }
   // rotate_block's host GEMMs, serially in the calling thread (rotate_mode_blas' calls, whole).
-  value_type* rotate_block_serial(const block_state_type& blk, value_type* x, value_type* y, bool back) const {
+  value_type* rotate_block_serial(const block_state_type& blk, value_type* x, value_type* y, bool back,
+                                  impl::blas::split::Crew* split = nullptr) const {
     value_type* from = x;
     for (std::size_t j = 0; j < blk.factors.size(); ++j) {
       const auto& f = blk.factors[j];
       if (!f.preconditioned) continue;
       value_type* to = from == x ? y : x;
       const auto [outer, d, inner] = unfold(blk.extent, j);
-      rotate_mode_serial(from, to, outer, d, inner, f.eigenvectors.data(), back);
+      rotate_mode_serial(from, to, outer, d, inner, f.eigenvectors.data(), back, split);
       from = to;
     }
     return from;
   }
-  // rotate_mode_blas without an execution space: each GEMM whole and single-threaded.
+  // rotate_mode_blas without an execution space: each GEMM whole and single-threaded, or split
+  // over a wide block's crew.
   static void rotate_mode_serial(const value_type* x, value_type* y, std::int64_t outer, std::int64_t d, std::int64_t inner,
-                                 const inverse_factor_type* q, bool back) {
-    impl::blas::split::Crew* none = nullptr;
+                                 const inverse_factor_type* q, bool back, impl::blas::split::Crew* split = nullptr) {
     const std::int64_t ld = std::max<std::int64_t>(1, d);
     if (inner == 1) {
-      impl::blas::split::gemm<value_type>(none, back ? 'T' : 'N', 'N', d, outer, d, value_type(1), q, ld, x, ld, value_type(0),
+      impl::blas::split::gemm<value_type>(split, back ? 'T' : 'N', 'N', d, outer, d, value_type(1), q, ld, x, ld, value_type(0),
                                           y, ld);
       return;
     }
     for (std::int64_t a = 0; a < outer; ++a)
-      impl::blas::split::gemm<value_type>(none, 'N', back ? 'N' : 'T', inner, d, d, value_type(1), x + a * d * inner, inner, q,
+      impl::blas::split::gemm<value_type>(split, 'N', back ? 'N' : 'T', inner, d, d, value_type(1), x + a * d * inner, inner, q,
                                           ld, value_type(0), y + a * d * inner, inner);
   }
   // precondition_block for KL-Shampoo's block tasks, serially in the calling thread: a packed
@@ -4938,6 +4963,7 @@ class Shampoo {
   Kokkos::View<double*, memory_space> m_norm_partials;  // block_norms' chunk partials (device path)
   std::vector<vector_type> m_thread_gram, m_thread_unfold;  // host block concurrency, per thread
   std::vector<vector_type> m_thread_grad, m_thread_x;       // fused host blocks, threads > 0
+  std::vector<vector_type> m_thread_y;                      // and eigenvalue-corrected ones' rotations
   bool m_fused_eligible = false;                            // see fused_possible()
   int m_fused_threads = 0;                                  // what plan_fused() planned for
   std::vector<char> m_fused_wide;                           // per parameter: all its blocks run wide
@@ -4946,7 +4972,6 @@ class Shampoo {
   // Roots side by side, threads > 0, largest d^2 each: the bias-corrected factor and the full
   // root before it is stored as the factor is (thread 0 takes m_scratch and m_root_full).
   std::vector<std::vector<factor_type>> m_thread_root, m_thread_root_out;
-  bool m_roots_eligible = false;  // one process (allocate_root_threads)
   std::vector<RootJob> m_root_jobs;
   bool m_roots_reserved = false;
   std::vector<std::uint32_t> m_root_order;
