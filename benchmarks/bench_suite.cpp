@@ -877,7 +877,13 @@ void shampoo_run(benchmark::State& state, const std::string& set, const std::vec
   // Those are thread-local and grown to the largest size seen, so a cell after a larger one in the
   // same process reads less: run a cell alone for its own figure.
   const double heap_built = heap_in_use();
+  // The first step: a grafted step plus, since 2026-12-07, the sizing of the root steps' work
+  // arrays on stand-in matrices (one root per distinct factor size, or per thread side by side).
+  const auto first_start = std::chrono::steady_clock::now();
   opt.step(space, model.grads);
+  space.fence();
+  state.counters["first_step_ms"] =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first_start).count();
   if (!root_step) {
     set_step(opt, 99);
     opt.step(space, model.grads);  // step 100: roots computed, preconditioning from here on

@@ -1270,6 +1270,20 @@ std::vector<Kokkos::View<float*, Space>> step_params(std::vector<std::vector<std
   }
   return v;
 }
+
+// Steps 2 to 6 of an optimizer (precondition_frequency = start_preconditioning_step = 3: steps 2
+// and 4-5 steady, 3 the first root step, 6 the next), each counted on its own; `after(t)` checks
+// whatever else the caller wants after step t.
+template <class Step, class After = void (*)(int)>
+void check_steps_allocate_nothing(const char* what, Step&& step, After&& after = [](int) {}) {
+  for (int t = 2; t <= 6; ++t) {
+    const auto n = heap_allocations(step);
+    INFO(std::string(what), ": step ", t, " (", std::string(t % 3 == 0 ? "roots computed" : "steady"), "): ", n,
+         " heap allocations");
+    CHECK(n == 0);
+    after(t);
+  }
+}
 }  // namespace
 
 TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an AdamW step allocate nothing after the first",
@@ -1296,21 +1310,21 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
     o.weight_decay = 1e-4;
     lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting> shampoo(
         std::span<lather::TensorRef<float, Space>>(params), o, {}, lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
-    // Steps 1-2 graft, 3 is the first root step, 4-5 steady, 6 the next root step.
-    for (int t = 1; t <= 4; ++t) shampoo.step(space, grads);
-    CHECK(heap_allocations([&] { shampoo.step(space, grads); }) == 0);  // step 5: steady
-    CHECK(heap_allocations([&] { shampoo.step(space, grads); }) == 0);  // step 6: roots recomputed
+    // Steps 1-2 graft, 3 is the first root step, 4-5 steady, 6 the next root step: every step
+    // after the first is counted, the first root step included (with the default
+    // start_preconditioning_step it is step precondition_frequency, long after the first).
+    shampoo.step(space, grads);
+    check_steps_allocate_nothing("EigenRootInverse", [&] { shampoo.step(space, grads); });
     CHECK(shampoo.state_dict().tensors.size() > 0);  // (state still readable after the counted steps)
     // The batched passes (the device path): a steady step is queued behind the NaN/Inf count and
     // reads the counts at the end (gated); a root step reads them first.
     lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, lather::EigenRootInverse, lather::AdamGrafting> batched(
         std::span<lather::TensorRef<float, Space>>(params), o, {}, lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
     batched.set_batched_passes(true);
-    for (int t = 1; t <= 4; ++t) batched.step(space, grads);
-    CHECK(heap_allocations([&] { batched.step(space, grads); }) == 0);  // step 5: steady, gated
-    CHECK_FALSE(batched.last_step_info().amortized);
-    CHECK(heap_allocations([&] { batched.step(space, grads); }) == 0);  // step 6: roots recomputed
-    CHECK(batched.last_step_info().amortized);
+    batched.step(space, grads);
+    check_steps_allocate_nothing("batched passes", [&] { batched.step(space, grads); }, [&](int t) {
+      CHECK(batched.last_step_info().amortized == (t % 3 == 0));
+    });
 
     // Roots by coupled Newton (AutoRootInverse with Newton at every size, the device default).
     // Epsilon above the float rounding of these rank-13 factors (about 1e-5 of their norm), so
@@ -1321,8 +1335,8 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
         std::span<lather::TensorRef<float, Space>>(params), on,
         lather::AutoRootInverse{.newton = {.max_iterations = 200}, .newton_min_dim_host = 0},
         lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
-    for (int t = 1; t <= 5; ++t) by_newton.step(space, grads);
-    CHECK(heap_allocations([&] { by_newton.step(space, grads); }) == 0);  // step 6: roots recomputed
+    by_newton.step(space, grads);
+    check_steps_allocate_nothing("coupled Newton", [&] { by_newton.step(space, grads); });
     CHECK(by_newton.last_step_info().amortized);
     // Epsilon 1e-6: Newton diverges on the eigenvalues rounded under zero and stops before
     // anything overflows (CoupledNewtonRootInverse::divergence_bound), so the harness's
@@ -1332,8 +1346,8 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
         std::span<lather::TensorRef<float, Space>>(params), o,
         lather::AutoRootInverse{.newton = {.max_iterations = 200}, .newton_min_dim_host = 0},
         lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
-    for (int t = 1; t <= 5; ++t) falls_back.step(space, grads);
-    CHECK(heap_allocations([&] { falls_back.step(space, grads); }) == 0);  // step 6: roots recomputed
+    falls_back.step(space, grads);
+    check_steps_allocate_nothing("Newton falling back", [&] { falls_back.step(space, grads); });
     CHECK(falls_back.last_step_info().amortized);
     CHECK(falls_back.last_step_info().root_computations_not_converged == 0);
 
@@ -1371,10 +1385,10 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 
 namespace {
-// Steady and root steps of one Shampoo preconditioner policy after its first root step: the heap
-// allocations of step 5 (steady) and step 6 (roots), as a pair.
+// The heap allocations of steps 2 to 6 of one Shampoo preconditioner policy (element t - 2 for
+// step t): 3 is the first root step, 6 the next, the others steady.
 template <class ExecSpace, class Policy>
-std::pair<std::int64_t, std::int64_t> policy_step_allocations(const Policy& policy, bool matrices_only) {
+std::vector<std::int64_t> policy_step_allocations(const Policy& policy, bool matrices_only) {
   using Space = typename ExecSpace::memory_space;
   const ExecSpace space;
   std::vector<std::vector<std::int64_t>> shapes;
@@ -1398,21 +1412,23 @@ std::pair<std::int64_t, std::int64_t> policy_step_allocations(const Policy& poli
   o.start_preconditioning_step = 3;
   lather::Shampoo<lather::TensorRef<float, Space>, ExecSpace, Policy, lather::AdamGrafting> opt(
       std::span<lather::TensorRef<float, Space>>(params), o, policy, lather::AdamGrafting{.beta2 = 0.999, .epsilon = 1e-8});
-  for (int t = 1; t <= 4; ++t) opt.step(space, grads);
-  const auto steady = heap_allocations([&] { opt.step(space, grads); });
-  const auto root = heap_allocations([&] { opt.step(space, grads); });
-  return {steady, root};
+  opt.step(space, grads);
+  std::vector<std::int64_t> n;
+  for (int t = 2; t <= 6; ++t) n.push_back(heap_allocations([&] { opt.step(space, grads); }));
+  return n;
 }
 }  // namespace
 
-TEST_CASE_TEMPLATE_DEFINE("allocations: every Shampoo preconditioner policy's steps allocate nothing after the first root step",
+TEST_CASE_TEMPLATE_DEFINE("allocations: every Shampoo preconditioner policy's steps allocate nothing after the first",
                           ExecSpace, policy_allocations) {
   using Space = typename ExecSpace::memory_space;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible) {
-    const auto check = [](const char* what, std::pair<std::int64_t, std::int64_t> n) {
-      INFO(std::string(what), ": steady step ", n.first, ", root step ", n.second, " heap allocations");
-      CHECK(n.first == 0);
-      CHECK(n.second == 0);
+    const auto check = [](const char* what, const std::vector<std::int64_t>& n) {
+      for (std::size_t j = 0; j < n.size(); ++j) {
+        INFO(std::string(what), ": step ", j + 2, " (", std::string((j + 2) % 3 == 0 ? "roots computed" : "steady"),
+             "): ", n[j], " heap allocations");
+        CHECK(n[j] == 0);
+      }
     };
     check("eigendecomposed, eigh", policy_step_allocations<ExecSpace>(lather::EigendecomposedShampoo<>{}, false));
     check("eigendecomposed, QR", policy_step_allocations<ExecSpace>(lather::EigendecomposedShampoo<lather::QREigendecomposition>{}, false));

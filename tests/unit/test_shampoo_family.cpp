@@ -66,7 +66,8 @@ using ShampooOf = lather::Shampoo<lather::TensorRef<T, typename ExecSpace::memor
 template <class ExecSpace, class Opt, class Ref>
 void compare_runs(Problem<double, ExecSpace>& a, Opt& opt, Problem<double, ExecSpace>& b, Ref& ref, int steps,
                   double rtol, double atol, const char* what) {
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   for (int t = 1; t <= steps; ++t) {
     CAPTURE(t);
     a.set_grads(t);
@@ -85,7 +86,8 @@ void compare_runs(Problem<double, ExecSpace>& a, Opt& opt, Problem<double, ExecS
 template <class ExecSpace, class Pre>
 void ec_equals_diagonal(const Pre& pre, std::int64_t start, const char* what) {
   using P = lather::TensorRef<double, typename ExecSpace::memory_space>;
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   // Same formulas in a different order (sqrt(D / bc2) + eps against torch's sqrt(v) / sqrt(bc2) +
   // eps): a few ulps per step.
   const double rtol = 1e-12, atol = 1e-14;
@@ -299,7 +301,8 @@ Eigen::MatrixXd inv_root(const Eigen::MatrixXd& a, double eps) {
 
 template <class ExecSpace, class Pre>
 void kl_against_reference(const Pre& pre, const char* what) {
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<double, M>;
   Kokkos::View<double**, Kokkos::LayoutRight, M> w("w", 5, 3), g("g", 5, 3);
@@ -517,7 +520,8 @@ void impl_test_averaging() {
 // graft(Gbar) = G / (sqrt(G^2) + eps) (V = (1 - b2) G^2, bc = 1 - b2), whatever the variant.
 template <class ExecSpace, class Pre>
 void grafted_norm(const Pre& pre, const char* what) {
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   Problem<double, ExecSpace> a;
   const auto w0 = a.values();
   ShampooOf<double, ExecSpace, Pre, lather::AdamGrafting> opt(
@@ -542,7 +546,8 @@ void grafted_norm(const Pre& pre, const char* what) {
 // of another preconditioner is rejected by name.
 template <class ExecSpace, class Pre>
 void resume(const Pre& pre, const lather::ShampooOptions& o, const char* what) {
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   using S = ShampooOf<double, ExecSpace, Pre>;
   Problem<double, ExecSpace> a, b;
   S first(a.params, o, pre);
@@ -573,7 +578,8 @@ void resume(const Pre& pre, const lather::ShampooOptions& o, const char* what) {
 // float parameters and factors: the same trajectory as double to float accuracy.
 template <class ExecSpace, class Pre>
 void float_close(const Pre& pre, const lather::ShampooOptions& o, double tol, const char* what) {
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   Problem<double, ExecSpace> a;
   Problem<float, ExecSpace> b;
   ShampooOf<double, ExecSpace, Pre> d(a.params, o, pre);
@@ -649,7 +655,8 @@ void impl_test_every_variant() {
 // neither runs side by side and both must agree all the more.
 template <class T, class ExecSpace, class Pre>
 void roots_side_by_side(const Pre& pre, const char* what) {
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   const lather::ShampooOptions o{.lr = 0.01, .betas = {0.9, 0.999}, .epsilon = 1e-4, .weight_decay = 0.01,
                                  .max_preconditioner_dim = 4, .precondition_frequency = 2};
   Problem<T, ExecSpace> a, b;
@@ -703,7 +710,8 @@ void impl_test_roots_side_by_side() {
 // whole in a task and possibly split over the threads otherwise.
 template <class ExecSpace, class Pre>
 void corrected_block_tasks(const Pre& pre, int phases, bool fused, const char* what) {
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   using M = typename ExecSpace::memory_space;
   using P = lather::TensorRef<double, M>;
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, M>::accessible;
@@ -778,7 +786,8 @@ void impl_test_corrected_block_tasks() {
 // bias's, computed on the other thread, are not committed.
 template <class ExecSpace, class Pre>
 void roots_side_by_side_failure(const Pre& pre, const char* what) {
-  CAPTURE(what);
+  const std::string what_text(what);  // (doctest shows a const char* as its address)
+  CAPTURE(what_text);
   Problem<double, ExecSpace> a;
   ShampooOf<double, ExecSpace, Pre> opt(a.params, {.lr = 0.01, .max_preconditioner_dim = 4, .precondition_frequency = 2},
                                         pre);

@@ -424,6 +424,7 @@ class Shampoo {
         }
     if (max_unfold > 0) m_unfold = buffer("lather::Shampoo::unfolded_block", max_unfold);
     allocate_block_threads(max_unfold);
+    size_root_step_tables();
     m_intake = impl::GradientIntake<value_type, memory_space, ExecSpace>("Shampoo", m_users.size());
     if (!host_products && batched_passes_possible()) set_batched_passes(true);
   }
@@ -508,6 +509,7 @@ class Shampoo {
       }
     };
     try {
+      if (!m_root_steps_reserved) reserve_root_steps(space);
       run_step(space, pieces);
       m_info.batched_uploads = batched_upload_count() - uploads_before;
     } catch (...) {
@@ -3178,10 +3180,8 @@ class Shampoo {
 
   void compute_roots(const ExecSpace& space, const std::vector<TensorRef<const value_type, memory_space>>& g,
                      std::vector<std::vector<std::vector<RootInverseStatus>>>& status) {
-    if constexpr (roots_side_by_side_possible) {
-      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
-      if (m_block_concurrency && threads > 1 && static_cast<std::size_t>(threads) <= m_thread_root.size() &&
-          impl::blas::SingleThreaded::available()) {
+    if constexpr (roots_side_by_side_possible) {  // (its host functors are never compiled for a device)
+      if (roots_side_by_side_now(space)) {
         compute_roots_side_by_side(space, g, status);
         return;
       }
@@ -3333,19 +3333,9 @@ class Shampoo {
       return dx != dy ? dx > dy : x < y;
     });
     space.fence();
+    if (!m_roots_reserved) reserve_thread_roots(space);  // (done on the first step unless the threads changed)
     {
       impl::blas::SingleThreaded single;
-      if (!m_roots_reserved) {
-        // Every thread's work arrays grown for the largest factor at the first root step, one
-        // iteration per thread: whichever thread takes whichever factor later allocates nothing.
-        const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
-        Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::reserve_roots"),
-                             Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Static>, Kokkos::IndexType<std::int64_t>>(
-                                 space, 0, threads, Kokkos::ChunkSize(1)),
-                             RootReserve{this});
-        space.fence();
-        m_roots_reserved = true;
-      }
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::roots"),
                            Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>, Kokkos::IndexType<std::int64_t>>(
                                space, 0, static_cast<std::int64_t>(m_root_order.size()), Kokkos::ChunkSize(1)),
@@ -3419,6 +3409,143 @@ class Shampoo {
       }
     } catch (...) {
       job.error = std::current_exception();
+    }
+  }
+
+  // Whether this step's roots run side by side (compute_roots_side_by_side) or one after the
+  // other in the calling thread.
+  bool roots_side_by_side_now(const ExecSpace& space) const {
+    if constexpr (roots_side_by_side_possible) {
+      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
+      return m_block_concurrency && threads > 1 && static_cast<std::size_t>(threads) <= m_thread_root.size() &&
+             impl::blas::SingleThreaded::available();
+    } else {
+      (void)space;
+      return false;
+    }
+  }
+  // Every thread's work arrays for the roots side by side grown for the largest factor, one
+  // iteration per thread: whichever thread takes whichever factor later allocates nothing.
+  void reserve_thread_roots(const ExecSpace& space) {
+    if constexpr (roots_side_by_side_possible) {
+      impl::blas::SingleThreaded single;
+      const int threads = Kokkos::Experimental::UniqueToken<ExecSpace>(space).size();
+      Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::reserve_roots"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Static>, Kokkos::IndexType<std::int64_t>>(
+                               space, 0, threads, Kokkos::ChunkSize(1)),
+                           RootReserve{this});
+      space.fence();
+    } else {
+      (void)space;
+    }
+    m_roots_reserved = true;
+  }
+
+  // The root steps' tables and the eigenbasis kinds' pending results at their full size, from
+  // construction: the first root step (step precondition_frequency by default) allocates
+  // nothing for them. Groups that never precondition get none.
+  void size_root_step_tables() {
+    std::size_t jobs = 0;
+    m_status.resize(m_params.size());
+    m_status_set.reserve(m_params.size());
+    for (std::size_t i = 0; i < m_params.size(); ++i) {
+      auto& p = m_params[i];
+      m_status[i].resize(p.blocks.size());
+      const bool never_preconditions = m_groups[p.group].options.start_preconditioning_step == never;
+      for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+        const auto& blk = p.blocks[b];
+        m_status[i][b].reserve(blk.factors.size());
+        for (std::size_t k = 0; k < blk.factors.size(); ++k) {
+          const auto& f = blk.factors[k];
+          if (!f.preconditioned) continue;
+          ++jobs;
+          if constexpr (kind == PreconditionerKind::eigendecomposed || kind == PreconditionerKind::eigenvalue_corrected) {
+            if (never_preconditions) continue;
+            const auto d = static_cast<std::size_t>(f.dim);
+            p.pending_q[b][k].resize(d * d);
+            p.pending_lambda[b][k].reserve(d);
+            if constexpr (kind == PreconditionerKind::eigendecomposed)
+              p.pending_x[b][k].resize(
+                  static_cast<std::size_t>(impl::kernels::SymmetricStorage<inverse_factor_type>::size(f.dim, f.packed)));
+          }
+        }
+      }
+    }
+    m_root_jobs.reserve(jobs);
+    m_root_order.reserve(jobs);
+    m_failed_ranks.reserve(static_cast<std::size_t>(std::max(m_dist_size, 1)));
+  }
+
+  // The first step grows a root step's work arrays (the root strategy's and LAPACK's, the
+  // per-thread host scratch, the coupled iterations' Kokkos work matrices, spectral descent's
+  // SVD arrays) to their largest size on stand-in matrices (impl::kernels::StandInFactor), so that
+  // no later step allocates, the first root step included. Costs one root computation per
+  // distinct factor size in the calling thread (AutoRootInverse picks its strategy by size), or,
+  // where the roots run side by side, one of the largest factor on every thread.
+  void reserve_root_steps(const ExecSpace& space) {
+    m_root_steps_reserved = true;
+    struct Size {
+      std::int64_t dim;
+      double root, epsilon;  // of the first factor of this dim (the strategy checks epsilon against its options)
+    };
+    std::vector<Size> sizes;                                      // each distinct dim
+    std::vector<std::pair<std::int64_t, std::int64_t>> matrices;  // spectral descent: distinct 2-D blocks
+    for (const auto& p : m_params) {
+      if (m_groups[p.group].options.start_preconditioning_step == never) continue;
+      for (const auto& blk : p.blocks) {
+        for (const auto& f : blk.factors)
+          if (f.preconditioned && std::none_of(sizes.begin(), sizes.end(), [&](const Size& s) { return s.dim == f.dim; }))
+            sizes.push_back({f.dim, f.root, m_groups[p.group].options.epsilon});
+        if (blk.extent.size() == 2) {
+          const std::pair<std::int64_t, std::int64_t> rc{blk.extent[0], blk.extent[1]};
+          if (std::find(matrices.begin(), matrices.end(), rc) == matrices.end()) matrices.push_back(rc);
+        }
+      }
+    }
+    std::sort(sizes.begin(), sizes.end(), [](const Size& x, const Size& y) { return x.dim > y.dim; });
+    if constexpr (kind == PreconditionerKind::root_inverse || kind == PreconditionerKind::eigendecomposed ||
+                  kind == PreconditionerKind::eigenvalue_corrected) {
+      (void)matrices;
+      if (sizes.empty()) return;
+      if (roots_side_by_side_now(space)) {
+        reserve_thread_roots(space);
+        return;
+      }
+      if constexpr (kind == PreconditionerKind::root_inverse) {
+        for (const auto& [d, root, epsilon] : sizes) {
+          const auto& a = m_scratch.at(static_cast<std::size_t>(d));
+          Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::stand_in_factor"),
+                               Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                                   space, {0, 0}, {d, d}),
+                               impl::kernels::StandInFactor<factor_type, memory_space>{a});
+          const Kokkos::View<factor_type**, Kokkos::LayoutRight, memory_space> full(m_root_full.data(), d, d);
+          (void)inner().compute(space, Kokkos::View<const factor_type**, Kokkos::LayoutRight, memory_space>(a), root, epsilon,
+                                full);
+        }
+        space.fence();
+      } else {
+        if (inner().amortized.compute_in_double) reserve_eigen_refresh<double>(sizes.front().dim);
+        else reserve_eigen_refresh<factor_type>(sizes.front().dim);
+      }
+    } else if constexpr (kind == PreconditionerKind::spectral_descent &&
+                         std::is_same_v<inner_type, SpectralDescent<SVDOrthogonalization>>) {
+      // orthogonalize's arrays (calling thread: spectral descent's blocks run one after the other).
+      (void)sizes, (void)space;
+      auto& m = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 0>();
+      auto& sv = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 1>();
+      auto& u = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 2>();
+      auto& vt = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 3>();
+      auto& uv = impl::host_scratch<value_type, impl::OrthogonalizeScratch, 4>();
+      for (const auto& [r, c] : matrices) {
+        const auto n = static_cast<std::size_t>(r * c);
+        m.resize(std::max(m.size(), n));
+        uv.resize(std::max(uv.size(), n));
+        std::vector<value_type> stand_in(n);
+        for (std::size_t e = 0; e < n; ++e) stand_in[e] = static_cast<value_type>(1.0 / (1.0 + static_cast<double>(e % 17)));
+        (void)impl::dense::svd<value_type>(static_cast<int>(c), static_cast<int>(r), stand_in, sv, u, vt);
+      }
+    } else {
+      (void)sizes, (void)matrices, (void)space;
     }
   }
 
@@ -4973,7 +5100,8 @@ class Shampoo {
   // root before it is stored as the factor is (thread 0 takes m_scratch and m_root_full).
   std::vector<std::vector<factor_type>> m_thread_root, m_thread_root_out;
   std::vector<RootJob> m_root_jobs;
-  bool m_roots_reserved = false;
+  bool m_roots_reserved = false;       // the roots side by side's per-thread arrays sized
+  bool m_root_steps_reserved = false;  // reserve_root_steps ran (the first step)
   std::vector<std::uint32_t> m_root_order;
   impl::ShampooStepInfo m_info;
   impl::GradientIntake<value_type, memory_space, ExecSpace> m_intake;

@@ -1166,6 +1166,18 @@ struct UnpackScaled {
   }
 };
 
+/// A stand-in factor for the first step's sizing of the root steps' work (Shampoo::
+/// reserve_root_steps): dense, symmetric, diagonally dominant (well conditioned: iterations
+/// converge), so that a root computation on it takes the paths a real factor takes.
+template <class F, class MemorySpace>
+struct StandInFactor {
+  Kokkos::View<F**, Kokkos::LayoutRight, MemorySpace> out;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    const auto n = static_cast<double>(out.extent(0));
+    out(i, j) = static_cast<F>(i == j ? 2.0 * n : 1.0 / (1.0 + static_cast<double>(i + j)));
+  }
+};
+
 /// Stores a full matrix (a root result) into (possibly packed) storage of another type. Packed
 /// storage keeps the upper triangle, as the reference's pack_upper_triangular.
 template <class In, class Out, class MemorySpace>
