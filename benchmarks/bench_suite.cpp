@@ -15,6 +15,9 @@
 //     reference's (packed and full factors, from the same blocks);
 //   - root inverses against a bare LAPACK ssyevd/dsyevd on the same matrix, n = 128 to 2048, and
 //     coupled Newton (the matrix-product strategy) in float and double, n <= 1024.
+//   - the ColossalAI family's steady steps on the same sets ("family/<optimizer>/<set>": Adafactor,
+//     CAME, LAMB and GaLore-AdamW at rank 128 without a projector refresh in the timed steps), with
+//     their allocations per step, next to AdamW's.
 // Besides Google Benchmark's report, `--summary=FILE` writes a Markdown summary with the derived
 // ratios, `--plot-data=FILE` the step times per parameter set (for gnuplot) and
 // `--target-rows=FILE` one tab-separated line per steady Shampoo cell measured with SGEMM 1024 in
@@ -743,6 +746,61 @@ void adamw(benchmark::State& state, const std::string& set, const std::vector<Sh
   results()["adamw/" + set + (portable ? "/portable" : "")] = {t, 0, bytes, 0, 0, allocs.heap, allocs.kokkos, best};
 }
 
+// ---- the ColossalAI family ---------------------------------------------------------------------
+
+enum class Family { adafactor, came, lamb, galore };
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::adafactor: return "adafactor";
+    case Family::came: return "came";
+    case Family::lamb: return "lamb";
+    case Family::galore: return "galore";
+  }
+  return "";
+}
+
+// Steady steps of one family optimizer on a set: the first step (GaLore's projector SVDs) untimed;
+// options at their defaults but for GaLore's rank 128 (capped per matrix at its smaller
+// dimension) and a projector gap longer than the run.
+void family(benchmark::State& state, const std::string& set, const std::vector<Shape>& shapes, Family kind) {
+  Model model(shapes);
+  const ExecSpace space;
+  const std::string cell = std::string("family/") + family_name(kind) + "/" + set;
+  const auto run = [&](auto& opt) {
+    opt.step(space, model.grads);
+    space.fence();
+    double best = 0;
+    const double t = timed_steps(state, opt, space, model, &best);
+    g_cell = cell;
+    const auto counts = counted_steps(state, opt, space, model);
+    state.counters["state_bytes"] = static_cast<double>(opt.state_bytes());
+    results()[cell] = {t, 0, static_cast<double>(opt.state_bytes()), 0, 0, counts.first.heap, counts.first.kokkos, best};
+  };
+  switch (kind) {
+    case Family::adafactor: {
+      lather::Adafactor<P, ExecSpace> opt(model.params, lather::AdafactorOptions{});
+      run(opt);
+      break;
+    }
+    case Family::came: {
+      lather::CAME<P, ExecSpace> opt(model.params, lather::CAMEOptions{});
+      run(opt);
+      break;
+    }
+    case Family::lamb: {
+      lather::Lamb<P, ExecSpace> opt(model.params, lather::LambOptions{});
+      run(opt);
+      break;
+    }
+    case Family::galore: {
+      lather::GaLoreAdamW<P, ExecSpace> opt(std::span<P>(model.params),
+                                            lather::GaLoreOptions{.rank = 128, .update_proj_gap = 1000000});
+      run(opt);
+      break;
+    }
+  }
+}
+
 // ---- Shampoo -----------------------------------------------------------------------------------
 
 struct WorkAndMemory {
@@ -1328,6 +1386,13 @@ void register_all(bool smoke) {
     }
   }
   for (const auto& s : sets())
+    for (const Family f : {Family::adafactor, Family::came, Family::lamb, Family::galore}) {
+      auto* b = benchmark::RegisterBenchmark((std::string("family/") + family_name(f) + "/" + s.name).c_str(), family,
+                                             s.name, s.shapes, f);
+      b->UseManualTime()->Iterations(std::min(s.steady_iterations, g_iterations_cap))->Unit(benchmark::kMillisecond);
+      if (smoke) b->Iterations(1);
+    }
+  for (const auto& s : sets())
     for (const std::int64_t dim : {256, 1024}) {
       const std::string base = "shampoo/" + s.name + "/" + std::to_string(dim);
       benchmark::RegisterBenchmark((base + "/steady").c_str(), shampoo<>, s.name, s.shapes, dim, false)
@@ -1557,6 +1622,18 @@ void write_summary(const std::string& path, int threads) {
                       s.name.c_str(), *variant ? " (portable kernel)" : "", a->seconds * 1e3, bw * 1e-9,
                       triad_bw > 0 ? 100.0 * bw / triad_bw : 0.0, a->best_seconds * 1e3,
                       triad_bw > 0 ? 100.0 * bw_best / triad_bw : 0.0, a->heap_allocations, a->kokkos_allocations);
+        out << buf;
+      }
+  // The ColossalAI family's steady steps, against AdamW's mean step on the same set.
+  out << "\n| set | optimizer | mean step | of AdamW's | best step | state bytes | allocations per step (heap, Kokkos) |\n";
+  out << "| --- | --- | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const auto& s : sets())
+    for (const Family f : {Family::adafactor, Family::came, Family::lamb, Family::galore})
+      if (const Result* r = find(std::string("family/") + family_name(f) + "/" + s.name)) {
+        const Result* a = find("adamw/" + s.name);
+        std::snprintf(buf, sizeof buf, "| %s | %s | %.2f ms | %.0f%% | %.2f ms | %.3g | %.0f, %.0f |\n", s.name.c_str(),
+                      family_name(f), r->seconds * 1e3, a && a->seconds > 0 ? 100.0 * r->seconds / a->seconds : 0.0,
+                      r->best_seconds * 1e3, r->bytes, r->heap_allocations, r->kokkos_allocations);
         out << buf;
       }
   out << "\n| set | max dim | F | mean step | longest step | mean step, staggered | longest step, staggered |\n";

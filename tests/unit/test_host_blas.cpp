@@ -46,25 +46,13 @@
 #include <utility>
 #include <vector>
 
-#if defined(__CUDACC__) || defined(__HIP__) || defined(__HIPCC__)
-#define LATHER_TEST_COUNTS_HEAP 0
-#else
-#define LATHER_TEST_COUNTS_HEAP 1
-#endif
+// The counting operator new of this executable (host compilers only: LATHER_TEST_COUNTS_HEAP).
+#include "heap_count.hpp"
 
 namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<std::int64_t> g_allocations{0};
-
-// Heap allocations made by f().
-template <class F>
-std::int64_t heap_allocations(F&& f) {
-  g_allocations = 0;
-  g_counting = true;
-  f();
-  g_counting = false;
-  return g_allocations.load();
-}
+#if LATHER_TEST_COUNTS_HEAP
+using lather::test::heap_allocations;
+#endif
 
 using ld = long double;
 
@@ -1364,23 +1352,6 @@ TEST_CASE_TEMPLATE_DEFINE("allocations: a Shampoo step (steady and root) and an 
   }
 }
 TEST_CASE_TEMPLATE_APPLY(step_allocations, lather_test_exec_spaces);
-#endif
-
-#if LATHER_TEST_COUNTS_HEAP
-// The counting operator new (the benchmark's; GPU compilers would compile it for the device too).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-void* operator new(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return ::operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 #endif
 
 

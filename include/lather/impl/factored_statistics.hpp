@@ -37,6 +37,7 @@
 #ifndef LATHER_IMPL_FACTORED_STATISTICS_HPP
 #define LATHER_IMPL_FACTORED_STATISTICS_HPP
 
+#include <lather/impl/label.hpp>
 #include <lather/impl/math.hpp>
 #include <lather/layout/sharding.hpp>
 #include <lather/traits/tensor_traits.hpp>
@@ -141,7 +142,7 @@ struct Statistics {
 // ---- reduction rounds --------------------------------------------------------------------------
 
 /// The buffer every round of a step uses: allocated once, grown when a step needs more (kept in
-/// the first parameter's state so that step() does not allocate after the first step).
+/// the optimizer's scratch so that step() does not allocate after the first step).
 template <class M>
 struct Workspace {
   Kokkos::View<double*, M> device;
@@ -155,6 +156,14 @@ struct Workspace {
   }
 };
 
+/// Zeroes a round's entries. (Kokkos::deep_copy(space, view, 0.0) would do, but Kokkos 3.4 builds
+/// its fill kernel's label as a std::string on every call: a heap allocation per round.)
+template <class M>
+struct ZeroFill {
+  Kokkos::View<double*, M> v;
+  KOKKOS_FUNCTION void operator()(std::int64_t k) const { v(k) = 0.0; }
+};
+
 /// One round of sums: entries are added with the groups they are summed over, then laid out as
 /// [DP only | both | TP only | none] so that one all-reduce per group covers every parameter.
 /// Every rank must add the same entries in the same order (they depend only on the parameters'
@@ -164,6 +173,9 @@ class Round {
  public:
   using view_type = Kokkos::View<double*, M>;
 
+  /// Starts a new round: forgets the entries, keeps their capacity (a Round lives in the
+  /// optimizer's scratch and is refilled every step without allocating).
+  void clear() { m_entries.clear(); }
   std::size_t add(Groups g, std::int64_t n) {
     m_entries.push_back({g, n, 0});
     return m_entries.size() - 1;
@@ -185,7 +197,10 @@ class Round {
     ws.reserve(pos);
     m_view = ws.device;
     m_host = ws.host;
-    if (pos > 0) Kokkos::deep_copy(space, Kokkos::subview(m_view, std::make_pair(std::int64_t{0}, pos)), 0.0);
+    if (pos > 0)
+      Kokkos::parallel_for(LATHER_LABEL("lather::factored::zero_round"),
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, pos),
+                           ZeroFill<M>{m_view});
   }
   [[nodiscard]] std::int64_t offset(std::size_t entry) const { return m_entries[entry].offset; }
   [[nodiscard]] const view_type& view() const { return m_view; }
@@ -384,10 +399,41 @@ Direction<T, M> direction(const TensorRef<const T, M>& g, const Geometry& geo, c
 
 // ---- the factored update -----------------------------------------------------------------------
 
+/// The kernel labels of one optimizer's factored statistics ("lather::<name>::row_sums", ...),
+/// built once: Kokkos takes labels as std::string, and these are longer than the small-string
+/// buffer, so building them per launch would allocate on every step.
+struct Labels {
+  std::string row_sums, col_sums, statistics_ema, row_totals, factors, update_squares, param_squares;
+  explicit Labels(const std::string& name)
+      : row_sums("lather::" + name + "::row_sums"),
+        col_sums("lather::" + name + "::col_sums"),
+        statistics_ema("lather::" + name + "::statistics_ema"),
+        row_totals("lather::" + name + "::row_totals"),
+        factors("lather::" + name + "::factors"),
+        update_squares("lather::" + name + "::update_squares"),
+        param_squares("lather::" + name + "::param_squares") {}
+};
+
+/// The Labels of an Algorithm (its `name`), built on its first step, not on every one.
+template <class Algorithm>
+const Labels& labels_of() {
+  static const Labels l(Algorithm::name);
+  return l;
+}
+
+/// What a step of the factored optimizers keeps from one step to the next: the reduction buffer
+/// and the rounds laid out in it (their entry lists keep their capacity).
+template <class M>
+struct StepBuffers {
+  Workspace<M> workspace;
+  Round<M> sums, totals, scalars;
+};
+
 /// One parameter's factored statistic to update with quantity `q`: R, C <- EMA with `beta`.
+/// `geo` points into the parameter's state (a copy would copy its shape vectors every step).
 template <class Q, class T, class M>
 struct Item {
-  Geometry geo;
+  const Geometry* geo = nullptr;
   Statistics<T, M> stats;
   double beta;
   Q q;
@@ -398,50 +444,54 @@ struct Item {
 /// the groups that split each dimension, EMA), then the factors (Σ R per batch slice, a second
 /// round over TP for row-split parameters). Ranks call it together with the same items.
 template <class Ctx, class Q, class T, class M>
-void update_statistics(const Ctx& ctx, Workspace<M>& ws, std::vector<Item<Q, T, M>>& items, const std::string& name) {
+void update_statistics(const Ctx& ctx, StepBuffers<M>& buffers, std::vector<Item<Q, T, M>>& items,
+                       const Labels& labels) {
   using ExecSpace = typename Ctx::execution_space;
   using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   if (items.empty()) return;
-  Round<M> sums;
+  Workspace<M>& ws = buffers.workspace;
+  Round<M>& sums = buffers.sums;
+  sums.clear();
   for (auto& it : items) {
-    it.sums_row = sums.add(it.geo.row_sums, it.geo.row_entries());
-    it.sums_col = sums.add(it.geo.col_sums, it.geo.col_entries());
+    it.sums_row = sums.add(it.geo->row_sums, it.geo->row_entries());
+    it.sums_col = sums.add(it.geo->col_sums, it.geo->col_entries());
   }
   sums.start(ctx.space, ws);
   for (auto& it : items) {
-    const Geometry& g = it.geo;
+    const Geometry& g = *it.geo;
     if (g.valid() <= 0) continue;
     const std::int64_t r0 = g.begin / g.cols, r1 = (g.end + g.cols - 1) / g.cols;
     Kokkos::parallel_for(
-        "lather::" + name + "::row_sums",
+        labels.row_sums,
         Kokkos::TeamPolicy<ExecSpace>(ctx.space, static_cast<int>(r1 - r0), Kokkos::AUTO),
         RowPartialSums<Q, M, ExecSpace>{it.q, sums.view(), sums.offset(it.sums_row), r0, g.begin, g.end, g.cols});
     const std::int64_t slice = g.rows * g.cols;
     const std::int64_t b0 = g.begin / slice, b1 = (g.end + slice - 1) / slice;
-    Kokkos::parallel_for("lather::" + name + "::col_sums", Range(ctx.space, 0, (b1 - b0) * g.cols),
+    Kokkos::parallel_for(labels.col_sums, Range(ctx.space, 0, (b1 - b0) * g.cols),
                          ColPartialSums<Q, M>{it.q, sums.view(), sums.offset(it.sums_col), b0, g.begin, g.end, g.rows,
                                               g.cols});
   }
   sums.reduce(ctx);
   for (auto& it : items) {
-    const Geometry& g = it.geo;
-    Kokkos::parallel_for("lather::" + name + "::statistics_ema",
+    const Geometry& g = *it.geo;
+    Kokkos::parallel_for(labels.statistics_ema,
                          Range(ctx.space, 0, std::max(g.row_entries(), g.col_entries())),
                          MeanEmas<T, M>{it.stats.row, it.stats.col, sums.view(), sums.offset(it.sums_row),
                                         sums.offset(it.sums_col), g.row_entries(), g.col_entries(),
                                         static_cast<double>(g.global_cols), static_cast<double>(g.global_rows),
                                         static_cast<T>(it.beta), static_cast<T>(1.0 - it.beta)});
   }
-  Round<M> totals;  // reuses the buffer: ordered after the EMA kernels on the same space
-  for (auto& it : items) it.total = totals.add(it.geo.row_total, it.geo.batches);
+  Round<M>& totals = buffers.totals;  // reuses the buffer: ordered after the EMA kernels on the same space
+  totals.clear();
+  for (auto& it : items) it.total = totals.add(it.geo->row_total, it.geo->batches);
   totals.start(ctx.space, ws);
   for (auto& it : items)
-    Kokkos::parallel_for("lather::" + name + "::row_totals", Range(ctx.space, 0, it.geo.batches),
-                         RowTotals<T, M>{it.stats.row, totals.view(), totals.offset(it.total), it.geo.rows});
+    Kokkos::parallel_for(labels.row_totals, Range(ctx.space, 0, it.geo->batches),
+                         RowTotals<T, M>{it.stats.row, totals.view(), totals.offset(it.total), it.geo->rows});
   totals.reduce(ctx);
   for (auto& it : items) {
-    const Geometry& g = it.geo;
-    Kokkos::parallel_for("lather::" + name + "::factors", Range(ctx.space, 0, std::max(g.row_entries(), g.col_entries())),
+    const Geometry& g = *it.geo;
+    Kokkos::parallel_for(labels.factors, Range(ctx.space, 0, std::max(g.row_entries(), g.col_entries())),
                          Factors<T, M>{it.stats.row, it.stats.col, it.stats.row_factor, it.stats.col_factor,
                                        totals.view(), totals.offset(it.total), g.rows, g.row_entries(),
                                        g.col_entries(), static_cast<double>(g.global_rows)});
@@ -453,9 +503,9 @@ void update_statistics(const Ctx& ctx, Workspace<M>& ws, std::vector<Item<Q, T, 
 /// both groups counts every element once). Asynchronous on ctx.space.
 template <class Ctx, class T, class M>
 void sum_direction_squares(const Ctx& ctx, std::size_t i, const Direction<T, M>& dir, std::int64_t valid,
-                           const Round<M>& round, std::size_t entry, const std::string& name) {
+                           const Round<M>& round, std::size_t entry, const Labels& labels) {
   using Range = Kokkos::RangePolicy<typename Ctx::execution_space, Kokkos::IndexType<std::int64_t>>;
-  Kokkos::parallel_reduce("lather::" + name + "::update_squares", Range(ctx.space, 0, valid),
+  Kokkos::parallel_reduce(labels.update_squares, Range(ctx.space, 0, valid),
                           DirectionSquares<T, M>{dir, ctx.owns_piece(i)},
                           Kokkos::subview(round.view(), round.offset(entry)));
 }
@@ -463,10 +513,10 @@ void sum_direction_squares(const Ctx& ctx, std::size_t i, const Direction<T, M>&
 /// Writes Σx² over this rank's valid elements of parameter `i` (owner-counted) into `entry`.
 template <class Ctx, class T, class M>
 void sum_squares(const Ctx& ctx, std::size_t i, const TensorRef<const T, M>& x, std::int64_t valid,
-                 const Round<M>& round, std::size_t entry, const std::string& name) {
+                 const Round<M>& round, std::size_t entry, const Labels& labels) {
   using Range = Kokkos::RangePolicy<typename Ctx::execution_space, Kokkos::IndexType<std::int64_t>>;
   if (!ctx.owns_piece(i)) return;  // the entry stays 0
-  Kokkos::parallel_reduce("lather::" + name + "::param_squares", Range(ctx.space, 0, valid), SumSquares<T, M>{x},
+  Kokkos::parallel_reduce(labels.param_squares, Range(ctx.space, 0, valid), SumSquares<T, M>{x},
                           Kokkos::subview(round.view(), round.offset(entry)));
 }
 

@@ -14,7 +14,12 @@
 ///   std::int64_t; `shape` the logical shape stored in state dicts);
 /// - `template <class T, class M> static State<T, M> make_state(const options_type&, const Sharding&,
 ///   std::int64_t numel)`: every buffer allocated (and initialized) here, so step() does not allocate;
-/// - `template <class Ctx> static void step(Ctx& ctx)` over the parameters in `ctx.active`.
+/// - `template <class Ctx> static void step(Ctx& ctx)` over the parameters in `ctx.active`;
+/// - optionally `template <class T, class M> struct Scratch` (default-constructible): what the
+///   step needs from one step to the next besides the state (reduction buffers, the step's
+///   per-parameter lists, host copies), kept by the optimizer and reached as `ctx.scratch`, so
+///   that a step allocates nothing after the first (it sizes the scratch; vectors are cleared,
+///   never shrunk).
 #ifndef LATHER_IMPL_SHARDED_OPTIMIZER_HPP
 #define LATHER_IMPL_SHARDED_OPTIMIZER_HPP
 
@@ -61,7 +66,7 @@ struct Distribution {
 namespace impl {
 
 /// What an Algorithm's step sees: the parameters with a gradient this step and everything about them.
-template <class T, class M, class ExecSpace, class Comm, class Options, class State>
+template <class T, class M, class ExecSpace, class Comm, class Options, class State, class Scratch>
 struct ShardedStepContext {
   using value_type = T;
   using memory_space_type = M;
@@ -70,13 +75,14 @@ struct ShardedStepContext {
   const ExecSpace& space;
   const Comm& tp;
   const Comm& dp;
-  std::vector<std::size_t> active;  ///< parameters with a gradient this step, in order
+  const std::vector<std::size_t>& active;  ///< parameters with a gradient this step, in order
   std::vector<TensorRef<T, M>>& params;
   std::vector<TensorRef<const T, M>>& grads;
   std::vector<State>& states;
   const std::vector<Sharding>& shardings;
-  const std::vector<std::int64_t>& steps;  ///< already incremented for this step
-  std::vector<const Options*> options;      ///< per parameter
+  const std::vector<std::int64_t>& steps;     ///< already incremented for this step
+  const std::vector<const Options*>& options;  ///< per parameter
+  Scratch& scratch;                            ///< the Algorithm's Scratch (NoScratch without one)
 
   /// Whether this rank counts parameter i's piece in a sum over both groups: a piece replicated
   /// over a group (not split by it) is counted by that group's rank 0 only.
@@ -91,6 +97,18 @@ struct ShardedStepContext {
     if (dp.size() > 1) dp.all_reduce_sum(Kokkos::DefaultHostExecutionSpace(), v);
     if (tp.size() > 1) tp.all_reduce_sum(Kokkos::DefaultHostExecutionSpace(), v);
   }
+};
+
+/// The scratch of an Algorithm without one.
+struct NoScratch {};
+template <class Algorithm, class T, class M>
+struct ScratchOf {
+  using type = NoScratch;
+};
+template <class Algorithm, class T, class M>
+  requires requires { typename Algorithm::template Scratch<T, M>; }
+struct ScratchOf<Algorithm, T, M> {
+  using type = typename Algorithm::template Scratch<T, M>;
 };
 
 template <class Param, class ExecSpace, class Comm, class Algorithm>
@@ -108,6 +126,7 @@ class ShardedOptimizer {
   using group_type = ParamGroup<Param, options_type>;
   using tensor_type = TensorRef<value_type, memory_space>;
   using state_type = typename Algorithm::template State<value_type, memory_space>;
+  using scratch_type = typename ScratchOf<Algorithm, value_type, memory_space>::type;
   using distribution_type = Distribution<Comm>;
 
   static_assert(std::is_same_v<value_type, float> || std::is_same_v<value_type, double>,
@@ -177,6 +196,13 @@ class ShardedOptimizer {
     check_agreement();
     m_intake = GradientIntake<value_type, memory_space, ExecSpace>(Algorithm::name, m_params.size());
     m_steps.assign(m_params.size(), 0);
+    m_steps_before.assign(m_params.size(), 0);
+    m_active.reserve(m_params.size());
+    m_step_options.reserve(m_params.size());
+    m_presence.assign(m_params.size(), 0);
+    m_presence_sums = Kokkos::View<double*, Kokkos::HostSpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::group_counts"), m_params.size());
+    if constexpr (requires { m_scratch.reserve(std::size_t{}); }) m_scratch.reserve(m_params.size());
     m_states.reserve(m_params.size());
     for (std::size_t i = 0; i < m_params.size(); ++i)
       m_states.push_back(Algorithm::template make_state<value_type, memory_space>(
@@ -214,22 +240,24 @@ class ShardedOptimizer {
       Kokkos::Profiling::popRegion();
       return;  // NonFinitePolicy::skip_step: nothing changes
     }
-    ShardedStepContext<value_type, memory_space, ExecSpace, Comm, options_type, state_type> ctx{
-        space, m_tp, m_dp, {}, m_params, g, m_states, m_shardings, m_steps, {}};
-    ctx.options.reserve(m_params.size());
-    const std::vector<std::int64_t> steps_before = m_steps;
+    // The step's lists are members, cleared and refilled (sized at construction): no allocation.
+    m_step_options.clear();
+    m_active.clear();
+    m_steps_before.assign(m_steps.begin(), m_steps.end());
     for (std::size_t i = 0; i < m_params.size(); ++i) {
-      ctx.options.push_back(&m_group_options[m_group_of[i]]);
+      m_step_options.push_back(&m_group_options[m_group_of[i]]);
       if (!m_intake.has_gradient(g[i], m_params[i]) || m_shardings[i].global_numel() == 0) continue;
-      ctx.active.push_back(i);
+      m_active.push_back(i);
       m_steps[i] += 1;
     }
+    ShardedStepContext<value_type, memory_space, ExecSpace, Comm, options_type, state_type, scratch_type> ctx{
+        space, m_tp, m_dp, m_active, m_params, g, m_states, m_shardings, m_steps, m_step_options, m_scratch};
     try {
       Algorithm::step(ctx);
     } catch (...) {
       // An algorithm raises before it changes parameters or state (e.g. a failed SVD): the step
       // did not happen.
-      m_steps = steps_before;
+      m_steps.assign(m_steps_before.begin(), m_steps_before.end());
       Kokkos::Profiling::popRegion();
       throw;
     }
@@ -438,6 +466,9 @@ class ShardedOptimizer {
     if (i < m_group_of.size() && m_group_begin.size() > 2) s += " in group " + std::to_string(m_group_of[i]);
     return s;
   }
+  /// The Algorithm's scratch (see the file comment), for optimizers that report or release it.
+  [[nodiscard]] scratch_type& scratch() noexcept { return m_scratch; }
+  [[nodiscard]] const scratch_type& scratch() const noexcept { return m_scratch; }
 
  private:
   static std::string format_name() { return std::string("lather.") + Algorithm::name + ".v1"; }
@@ -547,9 +578,8 @@ class ShardedOptimizer {
   // in a collective the others never enter.
   void check_presence(const std::vector<TensorRef<const value_type, memory_space>>& g) {
     if (!distributed()) return;
-    std::vector<std::int64_t> has(m_params.size());
-    for (std::size_t i = 0; i < m_params.size(); ++i) has[i] = m_intake.has_gradient(g[i], m_params[i]) ? 1 : 0;
-    std::vector<std::int64_t> total = has;
+    std::vector<std::int64_t>& total = m_presence;  // a member: no allocation per step
+    for (std::size_t i = 0; i < m_params.size(); ++i) total[i] = m_intake.has_gradient(g[i], m_params[i]) ? 1 : 0;
     sum_over_groups(total);
     const std::int64_t ranks = m_tp.size() * m_dp.size();
     for (std::size_t i = 0; i < m_params.size(); ++i)
@@ -557,8 +587,12 @@ class ShardedOptimizer {
                       " has a gradient on ", total[i], " of ", ranks,
                       " ranks; pass it on every rank (a zero gradient) or on none; nothing was changed");
   }
+  // Per-parameter counts (presence, NaN/Inf screens) summed over both groups, through a buffer
+  // made at construction (one entry per parameter; larger lists get their own).
   void sum_over_groups(std::vector<std::int64_t>& c) const {
-    Kokkos::View<double*, Kokkos::HostSpace> v("lather::group_counts", c.size());
+    Kokkos::View<double*, Kokkos::HostSpace> v;
+    if (c.size() <= m_presence_sums.extent(0)) v = Kokkos::subview(m_presence_sums, std::make_pair(std::size_t{0}, c.size()));
+    else v = Kokkos::View<double*, Kokkos::HostSpace>("lather::group_counts", c.size());
     for (std::size_t k = 0; k < c.size(); ++k) v(k) = static_cast<double>(c[k]);
     sum_view(v);
     for (std::size_t k = 0; k < c.size(); ++k) c[k] = static_cast<std::int64_t>(std::llround(v(k)));
@@ -630,6 +664,13 @@ class ShardedOptimizer {
   std::vector<options_type> m_group_options;
   std::vector<state_type> m_states;
   std::vector<std::int64_t> m_steps;
+  // The step's working lists and the Algorithm's scratch, kept between steps (see step()).
+  std::vector<std::int64_t> m_steps_before;
+  std::vector<std::size_t> m_active;
+  std::vector<const options_type*> m_step_options;
+  std::vector<std::int64_t> m_presence;
+  Kokkos::View<double*, Kokkos::HostSpace> m_presence_sums;
+  scratch_type m_scratch{};
   bool m_check_finite = true;
   NonFinitePolicy m_nonfinite_policy = NonFinitePolicy::raise;
   GradientIntake<value_type, memory_space, ExecSpace> m_intake;

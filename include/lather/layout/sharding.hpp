@@ -92,7 +92,14 @@ struct Sharding {
     if (tp_dim >= 0 && tp_dim < rank()) s[static_cast<std::size_t>(tp_dim)] /= tp_size;
     return s;
   }
-  [[nodiscard]] std::int64_t local_numel() const { return product(local_shape()); }
+  /// The TP-local element count. Computed in place, not from local_shape(): end() and
+  /// valid_numel() call it on every step, which must not allocate.
+  [[nodiscard]] std::int64_t local_numel() const {
+    std::int64_t n = 1;
+    for (std::size_t k = 0; k < global_shape.size(); ++k)
+      n *= static_cast<int>(k) == tp_dim ? global_shape[k] / tp_size : global_shape[k];
+    return n;
+  }
   /// Offset of this rank's TP slice along tp_dim (0 when not split).
   [[nodiscard]] std::int64_t tp_offset() const {
     if (!tp_split()) return 0;

@@ -130,7 +130,6 @@ struct AdafactorAlgorithm {
     Kokkos::View<T*, M> exp_avg;     ///< first moment (beta1 > 0), sharded like the parameter
     std::vector<std::int64_t> shape;  ///< logical shape of the element-wise buffers
     bool first_moment = false;
-    factored::Workspace<M> workspace;  ///< the step's reduction buffer (used in parameter 0's state)
 
     template <class F>
     void visit(F&& f) {
@@ -143,6 +142,24 @@ struct AdafactorAlgorithm {
       if (first_moment) f("exp_avg", exp_avg, shape);
     }
   };
+  /// What the step keeps between steps (ShardedOptimizer holds it): the reduction buffer and
+  /// rounds, and the step's per-parameter lists, sized for every parameter at construction.
+  template <class T, class M>
+  struct Scratch {
+    factored::StepBuffers<M> buffers;
+    std::vector<double> beta2;
+    std::vector<factored::Item<factored::GradSquare<T, M>, T, M>> items;
+    std::vector<std::size_t> param_sq, update_sq;
+    std::vector<factored::Direction<T, M>> dirs;
+    void reserve(std::size_t n) {
+      beta2.reserve(n);
+      items.reserve(n);
+      param_sq.reserve(n);
+      update_sq.reserve(n);
+      dirs.reserve(n);
+    }
+  };
+
   template <class T, class M>
   static State<T, M> make_state(const AdafactorOptions& o, const Sharding& s, std::int64_t numel) {
     State<T, M> st;
@@ -167,36 +184,44 @@ struct AdafactorAlgorithm {
     using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
     const std::size_t n = ctx.active.size();
     if (n == 0) return;
-    auto& ws = ctx.states[0].workspace;
-
-    std::vector<double> beta2(n);
-    std::vector<factored::Item<factored::GradSquare<T, M>, T, M>> items;
+    auto& scratch = ctx.scratch;
+    const factored::Labels& labels = factored::labels_of<AdafactorAlgorithm>();
+    auto& beta2 = scratch.beta2;
+    auto& items = scratch.items;
+    beta2.resize(n);
+    items.clear();
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = ctx.active[k];
       const AdafactorOptions& o = *ctx.options[i];
       beta2[k] = 1.0 - std::pow(static_cast<double>(ctx.steps[i]), o.decay_rate);
       const auto& s = ctx.states[i];
       if (s.geo.factored)
-        items.push_back({s.geo, s.sq, beta2[k], factored::GradSquare<T, M>{ctx.grads[i], static_cast<T>(o.eps[0])}});
+        items.push_back({&s.geo, s.sq, beta2[k], factored::GradSquare<T, M>{ctx.grads[i], static_cast<T>(o.eps[0])}});
     }
-    factored::update_statistics(ctx, ws, items, name);
+    factored::update_statistics(ctx, scratch.buffers, items, labels);
 
-    factored::Round<M> scalars;
-    std::vector<std::size_t> param_sq(n), update_sq(n);
+    factored::Round<M>& scalars = scratch.buffers.scalars;
+    auto& param_sq = scratch.param_sq;
+    auto& update_sq = scratch.update_sq;
+    scalars.clear();
+    param_sq.resize(n);
+    update_sq.resize(n);
     for (std::size_t k = 0; k < n; ++k) {
       param_sq[k] = scalars.add(factored::Groups::both, 1);
       update_sq[k] = scalars.add(factored::Groups::both, 1);
     }
-    scalars.start(ctx.space, ws);
-    std::vector<factored::Direction<T, M>> dirs(n);
+    scalars.start(ctx.space, scratch.buffers.workspace);
+    auto& dirs = scratch.dirs;
+    dirs.resize(n);
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = ctx.active[k];
       const AdafactorOptions& o = *ctx.options[i];
       auto& s = ctx.states[i];
       dirs[k] = factored::direction(ctx.grads[i], s.geo, s.sq, s.exp_avg_sq, beta2[k], o.eps[0]);
       if (o.scale_parameter)
-        factored::sum_squares(ctx, i, TensorRef<const T, M>(ctx.params[i]), s.geo.valid(), scalars, param_sq[k], name);
-      factored::sum_direction_squares(ctx, i, dirs[k], s.geo.valid(), scalars, update_sq[k], name);
+        factored::sum_squares(ctx, i, TensorRef<const T, M>(ctx.params[i]), s.geo.valid(), scalars, param_sq[k],
+                              labels);
+      factored::sum_direction_squares(ctx, i, dirs[k], s.geo.valid(), scalars, update_sq[k], labels);
     }
     scalars.reduce(ctx);
     scalars.to_host(ctx.space);

@@ -124,7 +124,6 @@ struct CameAlgorithm {
     Kokkos::View<T*, M> exp_avg;     ///< sharded like the parameter
     Kokkos::View<T*, M> exp_avg_sq;  ///< unfactored second moment, sharded like the parameter
     std::vector<std::int64_t> shape;  ///< logical shape of the element-wise buffers
-    factored::Workspace<M> workspace;  ///< the step's reduction buffer (used in parameter 0's state)
 
     template <class F>
     void visit(F&& f) {
@@ -139,6 +138,25 @@ struct CameAlgorithm {
       }
     }
   };
+  /// What the step keeps between steps (ShardedOptimizer holds it): the reduction buffer and
+  /// rounds, and the step's per-parameter lists, sized for every parameter at construction.
+  template <class T, class M>
+  struct Scratch {
+    factored::StepBuffers<M> buffers;
+    std::vector<factored::Item<factored::GradSquare<T, M>, T, M>> sq_items;
+    std::vector<factored::Item<kernels::CameResidual<T, M>, T, M>> res_items;
+    std::vector<std::size_t> update_sq;
+    std::vector<factored::Direction<T, M>> dirs;
+    std::vector<T> clip;
+    void reserve(std::size_t n) {
+      sq_items.reserve(n);
+      res_items.reserve(n);
+      update_sq.reserve(n);
+      dirs.reserve(n);
+      clip.reserve(n);
+    }
+  };
+
   template <class T, class M>
   static State<T, M> make_state(const CAMEOptions&, const Sharding& s, std::int64_t numel) {
     State<T, M> st;
@@ -163,35 +181,41 @@ struct CameAlgorithm {
     using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
     const std::size_t n = ctx.active.size();
     if (n == 0) return;
-    auto& ws = ctx.states[0].workspace;
-
-    std::vector<factored::Item<factored::GradSquare<T, M>, T, M>> sq_items;
+    auto& scratch = ctx.scratch;
+    const factored::Labels& labels = factored::labels_of<CameAlgorithm>();
+    auto& sq_items = scratch.sq_items;
+    sq_items.clear();
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = ctx.active[k];
       const CAMEOptions& o = *ctx.options[i];
       const auto& s = ctx.states[i];
       if (s.geo.factored)
-        sq_items.push_back({s.geo, s.sq, o.betas[1], factored::GradSquare<T, M>{ctx.grads[i], static_cast<T>(o.eps[0])}});
+        sq_items.push_back({&s.geo, s.sq, o.betas[1], factored::GradSquare<T, M>{ctx.grads[i], static_cast<T>(o.eps[0])}});
     }
-    factored::update_statistics(ctx, ws, sq_items, name);
+    factored::update_statistics(ctx, scratch.buffers, sq_items, labels);
 
-    factored::Round<M> scalars;
-    std::vector<std::size_t> update_sq(n);
+    factored::Round<M>& scalars = scratch.buffers.scalars;
+    auto& update_sq = scratch.update_sq;
+    scalars.clear();
+    update_sq.resize(n);
     for (std::size_t k = 0; k < n; ++k) update_sq[k] = scalars.add(factored::Groups::both, 1);
-    scalars.start(ctx.space, ws);
-    std::vector<factored::Direction<T, M>> dirs(n);
+    scalars.start(ctx.space, scratch.buffers.workspace);
+    auto& dirs = scratch.dirs;
+    dirs.resize(n);
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = ctx.active[k];
       const CAMEOptions& o = *ctx.options[i];
       auto& s = ctx.states[i];
       dirs[k] = factored::direction(ctx.grads[i], s.geo, s.sq, s.exp_avg_sq, o.betas[1], o.eps[0]);
-      factored::sum_direction_squares(ctx, i, dirs[k], s.geo.valid(), scalars, update_sq[k], name);
+      factored::sum_direction_squares(ctx, i, dirs[k], s.geo.valid(), scalars, update_sq[k], labels);
     }
     scalars.reduce(ctx);
     scalars.to_host(ctx.space);
 
-    std::vector<T> clip(n);
-    std::vector<factored::Item<kernels::CameResidual<T, M>, T, M>> res_items;
+    auto& clip = scratch.clip;
+    auto& res_items = scratch.res_items;
+    clip.resize(n);
+    res_items.clear();
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = ctx.active[k];
       const CAMEOptions& o = *ctx.options[i];
@@ -202,10 +226,10 @@ struct CameAlgorithm {
                            kernels::CameMoment<T, M>{dirs[k], s.exp_avg, clip[k], static_cast<T>(o.betas[0]),
                                                      static_cast<T>(1.0 - o.betas[0])});
       if (s.geo.factored)
-        res_items.push_back({s.geo, s.res, o.betas[2],
+        res_items.push_back({&s.geo, s.res, o.betas[2],
                              kernels::CameResidual<T, M>{dirs[k], s.exp_avg, clip[k], static_cast<T>(o.eps[1])}});
     }
-    factored::update_statistics(ctx, ws, res_items, name);
+    factored::update_statistics(ctx, scratch.buffers, res_items, labels);
 
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = ctx.active[k];

@@ -119,12 +119,14 @@ struct GaLoreGeometry {
 
 /// Global row-major flat index of the TP-local flat index f of TP rank `tp_rank` of `s`.
 inline std::int64_t galore_global_flat(const Sharding& s, int tp_rank, std::int64_t f) {
-  const auto local = s.local_shape();
+  // The local extents are computed in place (local_shape() would allocate, and a refresh step
+  // calls this for every element it gathers).
   const int nd = s.rank();
   const std::int64_t off = s.tp_split() ? s.global_shape[static_cast<std::size_t>(s.tp_dim)] / s.tp_size * tp_rank : 0;
   std::int64_t g = 0, stride = 1;
   for (int d = nd - 1; d >= 0; --d) {
-    const std::int64_t e = local[static_cast<std::size_t>(d)];
+    const std::int64_t ge = s.global_shape[static_cast<std::size_t>(d)];
+    const std::int64_t e = d == s.tp_dim ? ge / s.tp_size : ge;
     std::int64_t idx = e > 0 ? f % e : 0;
     f = e > 0 ? f / e : 0;
     if (d == s.tp_dim) idx += off;
@@ -523,6 +525,40 @@ struct GaLoreAlgorithm {
     }
   };
 
+  /// What the step keeps between steps (ShardedOptimizer holds it): the projector refresh's
+  /// buffers (the gathered gradient on the way to the host, the full gradient, the SVD's
+  /// factors, each parameter's new projector), sized by the first refresh (step 1) and reused by
+  /// the next ones, so that no step after the first allocates.
+  template <class T, class M>
+  struct Scratch {
+    using host_view = Kokkos::View<T*, Kokkos::HostSpace>;
+    std::vector<std::vector<T>> fresh;  ///< per parameter: its new projector (row-major) this step
+    std::vector<char> refreshed;        ///< per parameter: whether `fresh` holds this step's
+    Kokkos::View<T*, M> packed;         ///< this rank's gradient elements packed (strided gradients only)
+    host_view local, chunk, chunks, tp_all;  ///< the gathers over DP and TP (sharded parameters only)
+    Kokkos::View<double*, Kokkos::HostSpace> range, ranges;
+    std::vector<T> full, u, s, vt;
+    void reserve(std::size_t n) {
+      fresh.resize(n);
+      refreshed.assign(n, 0);
+    }
+    [[nodiscard]] std::size_t bytes() const {
+      std::size_t b = 0;
+      for (const auto& p : fresh) b += p.capacity() * sizeof(T);
+      for (const auto* v : {&full, &u, &s, &vt}) b += v->capacity() * sizeof(T);
+      for (const auto* v : {&local, &chunk, &chunks, &tp_all}) b += v->span() * sizeof(T);
+      b += packed.span() * sizeof(T) + (range.span() + ranges.span()) * sizeof(double);
+      return b;
+    }
+    void release() {
+      for (auto& p : fresh) std::vector<T>().swap(p);
+      for (auto* v : {&full, &u, &s, &vt}) std::vector<T>().swap(*v);
+      for (auto* v : {&local, &chunk, &chunks, &tp_all}) *v = host_view();
+      packed = Kokkos::View<T*, M>();
+      range = ranges = Kokkos::View<double*, Kokkos::HostSpace>();
+    }
+  };
+
   template <class T, class M>
   static State<T, M> make_state(const GaLoreOptions& o, const Sharding& s, std::int64_t) {
     State<T, M> st;
@@ -564,18 +600,22 @@ struct GaLoreAlgorithm {
     using T = typename Ctx::value_type;
     share_workspace(ctx);
     const std::size_t count = ctx.active.size();
-    std::vector<std::vector<T>> fresh(count);
+    auto& scratch = ctx.scratch;
+    std::fill(scratch.refreshed.begin(), scratch.refreshed.end(), char{0});
     for (std::size_t k = 0; k < count; ++k) {
       const std::size_t i = ctx.active[k];
       const auto& geo = ctx.states[i].geo;
-      if (geo.layout.projected && (ctx.steps[i] - 1) % ctx.options[i]->update_proj_gap == 0)
-        fresh[k] = compute_projector(ctx, i, geo);
+      if (geo.layout.projected && (ctx.steps[i] - 1) % ctx.options[i]->update_proj_gap == 0) {
+        compute_projector(ctx, i, geo, scratch.fresh[i]);
+        scratch.refreshed[i] = 1;
+      }
     }
     for (std::size_t k = 0; k < count; ++k) {
-      if (fresh[k].empty()) continue;
-      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(fresh[k].data(),
-                                                                                          fresh[k].size());
-      Kokkos::deep_copy(ctx.states[ctx.active[k]].projector, h);
+      const std::size_t i = ctx.active[k];
+      if (!scratch.refreshed[i]) continue;
+      const std::vector<T>& p = scratch.fresh[i];
+      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(p.data(), p.size());
+      Kokkos::deep_copy(ctx.states[i].projector, h);
     }
     for (std::size_t k = 0; k < count; ++k) {
       const std::size_t i = ctx.active[k];
@@ -705,56 +745,87 @@ struct GaLoreAlgorithm {
                                 static_cast<T>(-o.lr * o.weight_decay)});
   }
 
+  // `v` cut to its first n elements, reallocated first when it is shorter (the refresh buffers
+  // grow to the largest parameter's sizes on the first refresh, then stay).
+  template <class View>
+  static View first(View& v, std::size_t n, const char* label) {
+    if (v.extent(0) < n || !v.is_allocated())
+      v = View(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), std::max<std::size_t>(n, 1));
+    return Kokkos::subview(v, std::make_pair(std::size_t{0}, n));
+  }
+
   // The full gradient (row-major, global shape) from every rank's elements: an all-gather of
   // the ZeRO ranges over the DP group (ranges first, then the elements padded to the longest
-  // range), then of the TP-local tensors over the TP group. Every rank gets the same bits.
+  // range), then of the TP-local tensors over the TP group. Every rank gets the same bits. The
+  // result is the scratch's `full`; every buffer is the scratch's.
   template <class Ctx>
-  static std::vector<typename Ctx::value_type> gather_full(const Ctx& ctx, std::size_t i) {
+  static const std::vector<typename Ctx::value_type>& gather_full(const Ctx& ctx, std::size_t i) {
     using T = typename Ctx::value_type;
     using M = typename Ctx::memory_space_type;
     using ExecSpace = typename Ctx::execution_space;
     using Host = Kokkos::DefaultHostExecutionSpace;
-    using HV = Kokkos::View<T*, Kokkos::HostSpace>;
+    using UHV = Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    auto& scratch = ctx.scratch;
     const Sharding& s = ctx.shardings[i];
     const std::int64_t valid = s.valid_numel(), ln = s.local_numel();
-    Kokkos::View<T*, M> packed(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather::GaLoreAdamW::packed"),
-                               static_cast<std::size_t>(valid));
-    if (valid > 0)
+    const auto uvalid = static_cast<std::size_t>(valid), uln = static_cast<std::size_t>(ln);
+    const bool over_dp = s.zero && ctx.dp.size() > 1, over_tp = s.tp_split() && ctx.tp.size() > 1;
+    std::vector<T>& full = scratch.full;
+    full.assign(static_cast<std::size_t>(s.global_numel()), T(0));
+    // The TP-local tensor: `full` itself when no TP gather follows (then ln == global numel).
+    T* local = full.data();
+    if (over_tp) {
+      local = first(scratch.local, uln, "lather::GaLoreAdamW::tp_local").data();
+      std::fill(local, local + uln, T(0));
+    }
+    // This rank's valid elements to `dst` on the host: straight from a contiguous gradient, else
+    // packed on the device first.
+    const auto copy_mine = [&](T* dst) {
+      if (valid == 0) return;
+      const UHV host(dst, uvalid);
+      if (ctx.grads[i].is_row_major_contiguous()) {
+        ctx.space.fence();
+        Kokkos::deep_copy(host, Kokkos::View<const T*, M, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(ctx.grads[i].data(), uvalid));
+        return;
+      }
+      const Kokkos::View<T*, M> packed = first(scratch.packed, uvalid, "lather::GaLoreAdamW::packed");
       Kokkos::parallel_for(LATHER_LABEL("lather::GaLoreAdamW::pack"),
                            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(ctx.space, 0, valid),
                            kernels::GaLorePack<T, M>{ctx.grads[i], packed});
-    ctx.space.fence();
-    auto mine = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), packed);
-    HV local("lather::GaLoreAdamW::tp_local", static_cast<std::size_t>(ln));
-    if (s.zero && ctx.dp.size() > 1) {
+      ctx.space.fence();
+      Kokkos::deep_copy(host, packed);
+    };
+    if (over_dp) {
       const auto dp = static_cast<std::size_t>(ctx.dp.size());
-      Kokkos::View<double*, Kokkos::HostSpace> range("lather::GaLoreAdamW::range", 2), ranges("lather::GaLoreAdamW::ranges", 2 * dp);
+      using DV = Kokkos::View<double*, Kokkos::HostSpace>;
+      const DV range = first(scratch.range, 2, "lather::GaLoreAdamW::range");
+      const DV ranges = first(scratch.ranges, 2 * dp, "lather::GaLoreAdamW::ranges");
       range(0) = static_cast<double>(s.begin());
       range(1) = static_cast<double>(s.end());
       ctx.dp.all_gather(Host(), Kokkos::View<const double*, Kokkos::HostSpace>(range), ranges);
       std::int64_t longest = 0;
       for (std::size_t q = 0; q < dp; ++q)
         longest = std::max(longest, static_cast<std::int64_t>(ranges(2 * q + 1) - ranges(2 * q)));
-      HV chunk("lather::GaLoreAdamW::chunk", static_cast<std::size_t>(longest)), all("lather::GaLoreAdamW::chunks", dp * static_cast<std::size_t>(longest));
-      for (std::int64_t e = 0; e < valid; ++e) chunk(e) = mine(e);
+      const auto ulongest = static_cast<std::size_t>(longest);
+      const Kokkos::View<T*, Kokkos::HostSpace> chunk = first(scratch.chunk, ulongest, "lather::GaLoreAdamW::chunk");
+      const Kokkos::View<T*, Kokkos::HostSpace> all = first(scratch.chunks, dp * ulongest, "lather::GaLoreAdamW::chunks");
+      for (std::size_t e = uvalid; e < ulongest; ++e) chunk(e) = T(0);
+      copy_mine(chunk.data());
       ctx.dp.all_gather(Host(), Kokkos::View<const T*, Kokkos::HostSpace>(chunk), all);
       for (std::size_t q = 0; q < dp; ++q) {
         const auto b = static_cast<std::int64_t>(ranges(2 * q)), e = static_cast<std::int64_t>(ranges(2 * q + 1));
-        for (std::int64_t t = 0; t < e - b; ++t) local(b + t) = all(q * static_cast<std::size_t>(longest) + t);
+        for (std::int64_t t = 0; t < e - b; ++t) local[b + t] = all(q * ulongest + static_cast<std::size_t>(t));
       }
     } else {
-      for (std::int64_t e = 0; e < valid; ++e) local(s.begin() + e) = mine(e);
+      copy_mine(local + s.begin());
     }
-    std::vector<T> full(static_cast<std::size_t>(s.global_numel()));
-    if (s.tp_split() && ctx.tp.size() > 1) {
+    if (over_tp) {
       const auto tp = static_cast<std::size_t>(ctx.tp.size());
-      HV all("lather::GaLoreAdamW::tp_all", tp * static_cast<std::size_t>(ln));
-      ctx.tp.all_gather(Host(), Kokkos::View<const T*, Kokkos::HostSpace>(local), all);
+      const Kokkos::View<T*, Kokkos::HostSpace> all = first(scratch.tp_all, tp * uln, "lather::GaLoreAdamW::tp_all");
+      ctx.tp.all_gather(Host(), Kokkos::View<const T*, Kokkos::HostSpace>(UHV(local, uln)), all);
       for (std::size_t q = 0; q < tp; ++q)
         for (std::int64_t f = 0; f < ln; ++f)
-          full[static_cast<std::size_t>(galore_global_flat(s, static_cast<int>(q), f))] = all(q * static_cast<std::size_t>(ln) + f);
-    } else {
-      for (std::int64_t f = 0; f < ln; ++f) full[static_cast<std::size_t>(f)] = local(f);
+          full[static_cast<std::size_t>(galore_global_flat(s, static_cast<int>(q), f))] = all(q * uln + static_cast<std::size_t>(f));
     }
     return full;
   }
@@ -763,15 +834,14 @@ struct GaLoreAlgorithm {
   // singular vectors (rows of V^T) or left singular vectors (columns of U) of the full gradient,
   // in T, with thin_svd_host's sign convention. Identical on every rank.
   template <class Ctx>
-  static std::vector<typename Ctx::value_type> compute_projector(const Ctx& ctx, std::size_t i,
-                                                                 const GaLoreGeometry& g) {
+  static void compute_projector(const Ctx& ctx, std::size_t i, const GaLoreGeometry& g,
+                                std::vector<typename Ctx::value_type>& p) {
     using T = typename Ctx::value_type;
-    const std::vector<T> full = gather_full(ctx, i);
+    const std::vector<T>& full = gather_full(ctx, i);
     const GaLoreLayout& L = g.layout;
     const std::int64_t m = L.rows, n = L.cols, r = L.rank, k = std::min(m, n);
-    std::vector<T> u, s, vt;
+    std::vector<T>&u = ctx.scratch.u, &s = ctx.scratch.s, &vt = ctx.scratch.vt;
     thin_svd_host<T>(m, n, full.data(), u, s, vt);
-    std::vector<T> p;
     if (L.right) {
       p.assign(vt.begin(), vt.begin() + r * n);
     } else {
@@ -780,7 +850,6 @@ struct GaLoreAlgorithm {
         for (std::int64_t c = 0; c < r; ++c)
           p[static_cast<std::size_t>(row * r + c)] = u[static_cast<std::size_t>(row * k + c)];
     }
-    return p;
   }
 };
 
@@ -841,13 +910,30 @@ class GaLoreAdamW : public impl::ShardedOptimizer<Param, ExecSpace, Comm, impl::
   }
   /// Bytes of step workspace this rank holds besides state_bytes() from the first step on: one
   /// low-rank gradient buffer in double (the ranks' partial sums are added before rounding) of
-  /// the largest projected parameter's low-rank size, shared by all parameters. Refresh steps
-  /// also allocate, for their duration, the full gradient and its SVD on the host.
+  /// the largest projected parameter's low-rank size, shared by all parameters. The projector
+  /// refreshes' buffers come on top: refresh_buffer_bytes().
   [[nodiscard]] std::size_t workspace_bytes() const {
     std::size_t b = 0;
     for (const auto& g : m_geometry)
       if (g.layout.projected) b = std::max(b, static_cast<std::size_t>(g.state_numel) * sizeof(double));
     return b;
+  }
+  /// \brief Bytes the projector refreshes keep from one refresh to the next (0 before the first
+  /// step): on the host, the largest projected parameter's full gradient (m n), its SVD factors
+  /// (m k + k + k n, k = min(m, n)) and each parameter's new projector, plus, for sharded
+  /// parameters, the gathers' buffers (about 2 m n more with a TP split, m n / tp with ZeRO
+  /// alone), and, for gradients that are not contiguous, this rank's elements packed on the
+  /// parameters' memory space (the only device memory among them). Kept so that refresh
+  /// steps, like every other step after the first, allocate nothing; release_refresh_buffers()
+  /// gives them back. Not counted: the SVD's LAPACK arrays, kept per calling thread (about
+  /// 4 k^2 + m n + m k + k n elements; impl::lapack::gesdd).
+  [[nodiscard]] std::size_t refresh_buffer_bytes() const { return this->scratch().bytes(); }
+  /// Frees the refresh buffers (refresh_buffer_bytes()) and the calling thread's LAPACK SVD
+  /// arrays, e.g. when host memory is short between refreshes; the next refresh allocates them
+  /// again. The state is untouched.
+  void release_refresh_buffers() {
+    this->scratch().release();
+    impl::lapack::release_gesdd_workspace<value_type>();
   }
 
  private:

@@ -138,6 +138,19 @@ struct LambAlgorithm {
       f("exp_avg_sq", exp_avg_sq, shape);
     }
   };
+  /// What the step keeps between steps (ShardedOptimizer holds it, sized for every parameter at
+  /// construction): the host buffers of the two rounds of norms and the per-tensor directions.
+  template <class T, class M>
+  struct Scratch {
+    Kokkos::View<double*, Kokkos::HostSpace> norms1, norms2;
+    std::vector<kernels::LambDirection<T>> dirs;
+    void reserve(std::size_t n) {
+      norms1 = Kokkos::View<double*, Kokkos::HostSpace>("lather::LAMB::norms1", n + 1);
+      norms2 = Kokkos::View<double*, Kokkos::HostSpace>("lather::LAMB::norms2", n);
+      dirs.reserve(n);
+    }
+  };
+
   template <class T, class M>
   static State<T, M> make_state(const LambOptions&, const Sharding&, std::int64_t numel) {
     const auto n = static_cast<std::size_t>(numel);
@@ -155,7 +168,11 @@ struct LambAlgorithm {
     const std::size_t n = ctx.active.size();
     if (n == 0) return;
     // Round 1: the global gradient norm and each tensor's parameter norm (before the update).
-    Kokkos::View<double*, Kokkos::HostSpace> r1("lather::LAMB::norms1", n + 1), r2("lather::LAMB::norms2", n);
+    // The rounds' buffers are the scratch's, cut to this step's tensors (every rank has the same).
+    Kokkos::View<double*, Kokkos::HostSpace> r1 = Kokkos::subview(ctx.scratch.norms1, std::make_pair(std::size_t{0}, n + 1));
+    Kokkos::View<double*, Kokkos::HostSpace> r2 = Kokkos::subview(ctx.scratch.norms2, std::make_pair(std::size_t{0}, n));
+    for (std::size_t k = 0; k <= n; ++k) r1(k) = 0.0;
+    for (std::size_t k = 0; k < n; ++k) r2(k) = 0.0;
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = ctx.active[k];
       const std::int64_t valid = ctx.shardings[i].valid_numel();
@@ -171,7 +188,8 @@ struct LambAlgorithm {
     ctx.all_reduce_host(r1);
     const double global_grad_norm = std::sqrt(r1(0));
     // Round 2: moments and Σu².
-    std::vector<kernels::LambDirection<T>> dirs(n);
+    auto& dirs = ctx.scratch.dirs;
+    dirs.resize(n);
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = ctx.active[k];
       const LambOptions& o = *ctx.options[i];

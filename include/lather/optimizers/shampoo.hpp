@@ -3139,8 +3139,9 @@ class Shampoo {
                            impl::kernels::CopyBlock<factor_type>{from.data, to.data});
     } else {
       Kokkos::parallel_for(LATHER_LABEL("lather::Shampoo::copy_factor"),
-                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, from.d * from.d),
-                           impl::kernels::CopyTriangle<factor_type>{from.as_const(), to});
+                           Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+                               space, {std::int64_t{0}, std::int64_t{0}}, {from.d, from.d}),
+                           impl::kernels::CopyTriangle2D<factor_type>{from.as_const(), to});
     }
   }
   static impl::kernels::SymmetricStorage<factor_type> backup_storage(const ParamState& p, std::size_t b, std::size_t k) {

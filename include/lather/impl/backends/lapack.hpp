@@ -83,6 +83,19 @@ SyevdWorkspace<T>& syevd_workspace() {
   return w;
 }
 
+// gesdd's arrays, kept per thread like syevd's: GaLore's projector refreshes would otherwise
+// allocate five arrays per SVD (a refresh step must not allocate after the first).
+template <class T>
+struct GesddWorkspace {
+  std::vector<T> work, matrix, left, right;
+  std::vector<lapack_int> iwork;
+};
+template <class T>
+GesddWorkspace<T>& gesdd_workspace() {
+  thread_local GesddWorkspace<T> w;
+  return w;
+}
+
 template <class T>
 void call_gesdd(const lapack_int* m, const lapack_int* n, T* a, T* s, T* u, const lapack_int* ldvt, T* vt,
                 T* work, const lapack_int* lwork, lapack_int* iwork, lapack_int* info) {
@@ -145,23 +158,43 @@ lapack_int syevd(lapack_int n, T* a, T* w) {
   return info;
 }
 
-/// Thin SVD (jobz = 'S'), k = min(m, n): a (column-major, m x n) = u diag(s) vt with s (k)
-/// descending, u (column-major, m x k) and vt (column-major, k x n). `a` is left unchanged (LAPACK
-/// destroys a padded copy), but callers should treat it as scratch, like LAPACK's own. Returns
-/// LAPACK's `info` (0 on success; > 0: not converged; -4: a has a NaN entry; -12: the workspace
-/// would exceed a 32-bit LAPACK's range). Allocates its workspace. Runs in IEEE non-stop mode.
+/// Frees the calling thread's gesdd arrays (see gesdd); the next call allocates them again.
 template <class T>
-lapack_int gesdd(lapack_int m, lapack_int n, T* a, T* s, T* u, T* vt) {
+void release_gesdd_workspace() {
+  detail::gesdd_workspace<T>() = detail::GesddWorkspace<T>{};
+}
+
+/// Thin SVD (jobz = 'S'), k = min(m, n): a (column-major, m x n) = u diag(s) vt with s (k)
+/// descending, u (column-major, m x k) and vt (column-major, k x n). `a` is only read (LAPACK
+/// destroys a padded copy). Returns LAPACK's `info` (0 on success; > 0: not converged; -4: a has a
+/// NaN entry; -12: the workspace would exceed a 32-bit LAPACK's range). Its arrays are kept per
+/// thread (grown to the largest sizes seen), so repeated calls of a size do not allocate. Runs in
+/// IEEE non-stop mode.
+template <class T>
+lapack_int gesdd(lapack_int m, lapack_int n, const T* a, T* s, T* u, T* vt) {
   static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>, "gesdd: float or double");
   const lapack_int k = std::min(m, n);
   if (k <= 0) return 0;
   const NonStopFloatingPoint guard;
   lapack_int info = 0;
-  std::vector<lapack_int> iwork(8 * static_cast<std::size_t>(k));
-  // Workspace query.
+  auto& ws = detail::gesdd_workspace<T>();
+  // Work on copies with 64 bytes of slack, as syevd does: OpenBLAS' level-2 kernels can read a
+  // few bytes past a matrix's end (seen under AddressSanitizer in symv). O(mn), next to O(mnk).
+  const std::size_t slack = 64 / sizeof(T), um = static_cast<std::size_t>(m),
+                    un = static_cast<std::size_t>(n), uk = static_cast<std::size_t>(k);
+  const auto grow = [](auto& v, std::size_t size) {
+    if (v.size() < size) v.resize(size);
+  };
+  grow(ws.iwork, 8 * uk);
+  grow(ws.matrix, um * un + slack);
+  grow(ws.left, um * uk + slack);
+  grow(ws.right, uk * un + slack);
+  std::copy(a, a + um * un, ws.matrix.begin());
+  // Workspace query (reads nothing but the sizes).
   T work_size{};
   const lapack_int query = -1;
-  detail::call_gesdd<T>(&m, &n, a, s, u, &k, vt, &work_size, &query, iwork.data(), &info);
+  detail::call_gesdd<T>(&m, &n, ws.matrix.data(), s, ws.left.data(), &k, ws.right.data(), &work_size, &query,
+                        ws.iwork.data(), &info);
   if (info != 0) return info;
   // Never less than the documented minimum for jobz = 'S' (LAPACK 3.7+: k(6 + 4k) + max(m, n);
   // older: 3k + max(max(m, n), 4k^2 + 4k)), in case the float answer of the query rounded down.
@@ -171,17 +204,11 @@ lapack_int gesdd(lapack_int m, lapack_int n, T* a, T* s, T* u, T* vt) {
   const std::int64_t lwork_wide = std::max(static_cast<std::int64_t>(work_size), lwork_min);
   if (lwork_wide > std::numeric_limits<lapack_int>::max()) return -12;
   const auto lwork = static_cast<lapack_int>(lwork_wide);
-  std::vector<T> work(static_cast<std::size_t>(lwork));
-  // Work on copies with 64 bytes of slack, as syevd does: OpenBLAS' level-2 kernels can read a
-  // few bytes past a matrix's end (seen under AddressSanitizer in symv). O(mn), next to O(mnk).
-  const std::size_t slack = 64 / sizeof(T), um = static_cast<std::size_t>(m),
-                    un = static_cast<std::size_t>(n), uk = static_cast<std::size_t>(k);
-  std::vector<T> matrix(um * un + slack), left(um * uk + slack), right(uk * un + slack);
-  std::copy(a, a + um * un, matrix.begin());
-  detail::call_gesdd<T>(&m, &n, matrix.data(), s, left.data(), &k, right.data(), work.data(), &lwork,
-                        iwork.data(), &info);
-  std::copy(left.begin(), left.begin() + static_cast<std::ptrdiff_t>(um * uk), u);
-  std::copy(right.begin(), right.begin() + static_cast<std::ptrdiff_t>(uk * un), vt);
+  grow(ws.work, static_cast<std::size_t>(lwork));
+  detail::call_gesdd<T>(&m, &n, ws.matrix.data(), s, ws.left.data(), &k, ws.right.data(), ws.work.data(), &lwork,
+                        ws.iwork.data(), &info);
+  std::copy(ws.left.begin(), ws.left.begin() + static_cast<std::ptrdiff_t>(um * uk), u);
+  std::copy(ws.right.begin(), ws.right.begin() + static_cast<std::ptrdiff_t>(uk * un), vt);
   return info;
 }
 

@@ -19,7 +19,9 @@
 namespace lather::impl {
 
 /// \brief a (row-major, m x n) = u diag(s) vt, k = min(m, n): u (row-major, m x k), s (k,
-/// descending, >= 0), vt (row-major, k x n). The outputs are resized; `a` is read only.
+/// descending, >= 0), vt (row-major, k x n). The outputs are resized (keeping their capacity:
+/// with outputs and LAPACK's arrays kept from a previous call of the size, nothing is allocated);
+/// `a` is read only.
 ///
 /// Sign convention: singular vectors are unique only up to a common sign flip of u[:, l] and
 /// vt[l, :] (and up to rotation within a repeated singular value), and LAPACK builds, GPU solvers
@@ -48,9 +50,8 @@ void thin_svd_host(std::int64_t m, std::int64_t n, const T* a_row_major, std::ve
   s.assign(uk, T(0));
   vt_row_major.assign(uk * un, T(0));
   if (k == 0) return;
-  std::vector<T> scratch(a_row_major, a_row_major + um * un);
   const lapack::lapack_int info =
-      lapack::gesdd<T>(static_cast<lapack::lapack_int>(n), static_cast<lapack::lapack_int>(m), scratch.data(),
+      lapack::gesdd<T>(static_cast<lapack::lapack_int>(n), static_cast<lapack::lapack_int>(m), a_row_major,
                        s.data(), vt_row_major.data(), u_row_major.data());
   LATHER_THROW_RUNTIME_IF(info != 0, "lather: the SVD of a ", m, " x ", n, " matrix failed (LAPACK ",
                           std::is_same_v<T, double> ? "dgesdd" : "sgesdd", " info = ", info,

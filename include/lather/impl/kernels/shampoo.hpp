@@ -512,6 +512,20 @@ struct CopyTriangle {
   }
 };
 
+/// CopyTriangle over (i, j) of the d x d form (an MDRange): storages laid out differently, the
+/// elements below the diagonal of packed storage skipped. (The flat form over d * d, inlined
+/// into Shampoo::restore_factors, made GCC 12 warn of an iteration past 2^63,
+/// -Waggressive-loop-optimizations: a false positive on the flat range's trip count.)
+template <class T>
+struct CopyTriangle2D {
+  SymmetricStorage<const T> from;
+  SymmetricStorage<T> to;
+  KOKKOS_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    if (to.packed && i > j) return;
+    to(i, j) = from(i, j);
+  }
+};
+
 /// Per-element filtering and grafting state, in blocked order:
 ///   V = beta2g V + w G^2 (grafting state from the raw gradient)
 ///   Gbar = EMA of G with beta1 (beta3 variant), bias corrected
